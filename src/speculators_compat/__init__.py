@@ -1,0 +1,71 @@
+"""speculators-compat: run speculators 0.3.x / 0.4.x hidden-state extraction, unchanged,
+on newer and nightly vLLM.
+
+Usage::
+
+    import speculators_compat
+    speculators_compat.activate()   # before the unchanged upstream pipeline runs
+
+Importing this package is cheap (no vLLM, torch or transformers import) and changes
+nothing; :func:`activate` probes the installed vLLM and speculators, applies the
+adapters they need in this process, and makes vLLM's spawned worker processes do
+the same (through the ``vllm.general_plugins`` entry point).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from ._core import Activation, CompatError, Report, Status
+
+__version__ = "0.1.0"
+__all__ = ["activate", "deactivate", "report", "save_report", "CompatError", "Report",
+           "Status", "__version__"]
+
+logging.getLogger("speculators_compat").addHandler(logging.NullHandler())
+
+
+def _registry():
+    from .adapters import ADAPTERS
+
+    return ADAPTERS
+
+
+_ACTIVATION = Activation(_registry)
+
+
+def activate(*, only: Iterable[str] | None = None, strict: bool | None = None) -> Report:
+    """Apply every adapter the installed vLLM / speculators need, in this process.
+
+    Idempotent and thread-safe: a second call returns the first call's report.
+    ``only`` restricts activation to the named adapters (others are reported
+    ``disabled``). ``strict=True`` (or ``SPECULATORS_COMPAT_STRICT=1``) raises
+    :class:`CompatError` and patches nothing if an adapter finds an API it does not
+    know (``mismatch``) or fails. ``SPECULATORS_COMPAT_DISABLE=a,b`` disables
+    adapters by name.
+    """
+    return _ACTIVATION.activate(only=only, strict=strict, process="driver")
+
+
+def deactivate() -> None:
+    """Undo everything :func:`activate` changed, restoring the original objects."""
+    _ACTIVATION.deactivate()
+
+
+def report() -> Report | None:
+    """The current activation's report, or ``None`` when not active."""
+    return _ACTIVATION.report
+
+
+def save_report(path) -> str:
+    """Write the activation report as JSON to ``path`` (keep it next to generated data).
+
+    Raises :class:`CompatError` when the shim is not active, so provenance is never
+    silently missing.
+    """
+    current = _ACTIVATION.report
+    if current is None:
+        raise CompatError("speculators-compat is not active: call speculators_compat.activate() "
+                          "before generating data, then save_report(path).")
+    return current.to_json(path)

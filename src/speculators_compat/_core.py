@@ -1,0 +1,384 @@
+"""The activation core: adapter declarations, the patch recorder, the report.
+
+Why one recorder: ``deactivate()`` must restore the exact original objects
+(identity), including attributes that were inherited rather than own (those are
+deleted again, not overwritten with the inherited value) and names rebound in
+consumer modules; and an adapter that fails halfway must leave nothing behind.
+Every change therefore goes through :class:`Patcher`, which keeps an undo log
+replayed last-in-first-out.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import wrapt
+
+from . import _env, _versions
+
+logger = logging.getLogger("speculators_compat")
+
+_MISSING = object()
+
+
+class Status(str, enum.Enum):
+    """What happened to one adapter in one process."""
+
+    APPLIED = "applied"
+    NOT_NEEDED = "not-needed"
+    MISMATCH = "mismatch"  # the installed API matches neither the old nor the known new shape
+    FAILED = "failed"  # probe or apply raised; everything it changed was rolled back
+    DISABLED = "disabled"  # switched off by name (env var or ``only=``)
+
+
+class Phase(str, enum.Enum):
+    """Where an adapter acts: the process that drives vLLM, or vLLM's worker processes."""
+
+    DRIVER = "driver"
+    WORKER = "worker"
+    BOTH = "both"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A probe's decision about the installed API."""
+
+    apply: bool
+    status: Status
+    reason: str
+
+    @classmethod
+    def needed(cls, reason: str) -> Verdict:
+        return cls(True, Status.APPLIED, reason)
+
+    @classmethod
+    def not_needed(cls, reason: str) -> Verdict:
+        return cls(False, Status.NOT_NEEDED, reason)
+
+    @classmethod
+    def mismatch(cls, reason: str) -> Verdict:
+        return cls(False, Status.MISMATCH, reason)
+
+
+class CompatError(RuntimeError):
+    """An error the user can act on: says what is wrong and what to do."""
+
+
+class Adapter:
+    """Declaration of one adapter: one upstream change, one module.
+
+    Subclasses set the class attributes and implement :meth:`probe` (a look at the
+    installed API that decides whether to apply; ranges are guards and
+    documentation only) and :meth:`apply` (changes made only through the patcher).
+    """
+
+    name: str = ""
+    summary: str = ""
+    #: The upstream change this answers, with a reference (release, PR, file).
+    upstream: str = ""
+    #: vLLM versions the adapter is meant for (PEP 440; lower bounds as X.Y.0.dev0).
+    vllm_range: str | None = None
+    #: speculators versions whose code it serves.
+    speculators_range: str | None = ">=0.3.0.dev0,<0.5.0.dev0"
+    phase: Phase = Phase.DRIVER
+    #: When the adapter can be deleted.
+    remove_when: str = ""
+
+    def probe(self, ctx: Context) -> Verdict:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def apply(self, patcher: Patcher, ctx: Context) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "summary": self.summary,
+            "upstream": self.upstream,
+            "vllm_range": self.vllm_range,
+            "speculators_range": self.speculators_range,
+            "phase": self.phase.value,
+            "remove_when": self.remove_when,
+        }
+
+
+class Context:
+    """Facts shared by the probes of one activation; computed lazily, at most once."""
+
+    def __init__(self, process: str = "driver") -> None:
+        self.process = process
+        self.versions = _versions.snapshot()
+        self._cache: dict[str, Any] = {}
+
+    def memo(self, key: str, compute: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+
+class Patcher:
+    """Records every change so it can be undone exactly, last in first out."""
+
+    def __init__(self) -> None:
+        self._undo: list[tuple[str, Callable[[], None]]] = []
+
+    def __len__(self) -> int:
+        return len(self._undo)
+
+    def setattr(self, obj: Any, name: str, value: Any) -> None:
+        """Set ``obj.name``; undo restores the own attribute, or deletes it if it was
+        inherited/absent (so the class attribute shows through again)."""
+        try:
+            namespace = vars(obj)
+        except TypeError:  # no __dict__ (slots): treat as not own
+            namespace = {}
+        previous = namespace[name] if name in namespace else _MISSING
+        setattr(obj, name, value)
+
+        def undo() -> None:
+            if previous is _MISSING:
+                try:
+                    delattr(obj, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(obj, name, previous)
+
+        self._undo.append((f"{_label(obj)}.{name}", undo))
+
+    def wrap(self, obj: Any, name: str, wrapper: Callable[..., Any]) -> Any:
+        """Replace ``obj.name`` by a ``wrapt.FunctionWrapper`` around the current value."""
+        original = getattr(obj, name)
+        wrapped = wrapt.FunctionWrapper(original, wrapper)
+        self.setattr(obj, name, wrapped)
+        return wrapped
+
+    def setenv(self, key: str, value: str) -> None:
+        previous = os.environ.get(key)
+        os.environ[key] = value
+
+        def undo() -> None:
+            if previous is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = previous
+
+        self._undo.append((f"os.environ[{key!r}]", undo))
+
+    def on_revert(self, label: str, undo: Callable[[], None]) -> None:
+        """Register an arbitrary undo step (for changes not expressible as setattr)."""
+        self._undo.append((label, undo))
+
+    def changes(self) -> list[str]:
+        return [label for label, _ in self._undo]
+
+    def revert(self, to: int = 0) -> None:
+        """Undo changes made after mark ``to`` (LIFO). Every undo runs even if one fails."""
+        errors: list[BaseException] = []
+        while len(self._undo) > to:
+            label, undo = self._undo.pop()
+            try:
+                undo()
+            except BaseException as exc:  # noqa: BLE001 - keep undoing, report at the end
+                errors.append(exc)
+                logger.warning("speculators-compat: could not revert %s: %r", label, exc)
+        if errors:
+            raise errors[0]
+
+
+def _label(obj: Any) -> str:
+    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(
+        obj).__name__
+
+
+@dataclass
+class AdapterResult:
+    """One line of the report."""
+
+    name: str
+    status: Status
+    reason: str
+    upstream: str
+    summary: str
+    phase: str
+    vllm_range: str | None
+    changes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+
+@dataclass
+class Report:
+    """What activation did in this process: per adapter, plus versions and pid."""
+
+    results: list[AdapterResult]
+    versions: dict[str, str | None]
+    pid: int
+    process: str
+    strict: bool
+    active: bool
+
+    def __getitem__(self, name: str) -> AdapterResult:
+        for r in self.results:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def by_status(self, status: Status) -> list[str]:
+        return [r.name for r in self.results if r.status is status]
+
+    @property
+    def applied(self) -> list[str]:
+        return self.by_status(Status.APPLIED)
+
+    @property
+    def problems(self) -> list[AdapterResult]:
+        return [r for r in self.results if r.status in (Status.MISMATCH, Status.FAILED)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "speculators_compat": self.versions.get("speculators_compat"),
+            "active": self.active,
+            "process": self.process,
+            "pid": self.pid,
+            "strict": self.strict,
+            "versions": dict(self.versions),
+            "adapters": [r.as_dict() for r in self.results],
+        }
+
+    def to_json(self, path: str | os.PathLike[str] | None = None, **kw: Any) -> str:
+        """The report as JSON; also written to ``path`` if given (provenance beside data)."""
+        text = json.dumps(self.as_dict(), indent=kw.pop("indent", 2), **kw)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        return text
+
+    def summary_line(self) -> str:
+        counts: dict[str, int] = {}
+        for r in self.results:
+            counts[r.status.value] = counts.get(r.status.value, 0) + 1
+        parts = ", ".join(f"{n} {s}" for s, n in counts.items())
+        v = self.versions
+        return (f"speculators-compat {v.get('speculators_compat')} active in {self.process} "
+                f"pid {self.pid} (vllm {v.get('vllm')}, speculators {v.get('speculators')}): "
+                f"{parts}; applied: {', '.join(self.applied) or 'none'}")
+
+    def __str__(self) -> str:
+        lines = [self.summary_line()]
+        width = max((len(r.name) for r in self.results), default=0)
+        for r in self.results:
+            lines.append(f"  {r.name:<{width}}  {r.status.value:<10}  {r.reason}")
+        return "\n".join(lines)
+
+
+class Activation:
+    """Process-wide activation state (one per process), guarded by a lock."""
+
+    def __init__(self, adapters: Callable[[], Sequence[Adapter]]) -> None:
+        self._adapters = adapters
+        self._lock = threading.RLock()
+        self._patcher = Patcher()
+        self.report: Report | None = None
+        self._logged = False
+
+    @property
+    def active(self) -> bool:
+        return self.report is not None and self.report.active
+
+    def activate(self, *, only: Iterable[str] | None = None, strict: bool | None = None,
+                 process: str = "driver") -> Report:
+        with self._lock:
+            if self.active:
+                assert self.report is not None
+                logger.debug("speculators-compat already active: %s", self.report.summary_line())
+                return self.report
+            adapters = list(self._adapters())
+            known = {a.name for a in adapters}
+            selected = None if only is None else set(only)
+            if selected is not None and selected - known:
+                raise ValueError(
+                    f"speculators-compat: unknown adapter name(s) {sorted(selected - known)}; "
+                    f"known: {sorted(known)}")
+            disabled = _env.names(os.environ.get(_env.DISABLE))
+            if disabled - known:
+                logger.warning("speculators-compat: %s names unknown adapter(s) %s; known: %s",
+                               _env.DISABLE, sorted(disabled - known), sorted(known))
+            strict = _env.flag(os.environ.get(_env.STRICT)) if strict is None else strict
+            ctx = Context(process)
+            results = [self._run_one(a, ctx, selected, disabled) for a in adapters]
+            self._patcher.setenv(_env.ACTIVE, "1")
+            report = Report(results, ctx.versions, os.getpid(), process, strict, True)
+            self.report = report
+            self._log(report)
+            if strict and report.problems:
+                self.deactivate()
+                report.active = False
+                details = "; ".join(f"{r.name}: {r.status.value}: {r.reason}"
+                                    for r in report.problems)
+                raise CompatError(
+                    f"speculators-compat (strict): {details}. Nothing was patched. "
+                    f"Unset {_env.STRICT} to run with the remaining adapters, or disable "
+                    f"these with {_env.DISABLE}=<name,...> if you know they do not matter.")
+            path = os.environ.get(_env.REPORT_FILE)
+            if path:
+                report.to_json(path)
+            return report
+
+    def _run_one(self, adapter: Adapter, ctx: Context, selected: set[str] | None,
+                 disabled: frozenset[str]) -> AdapterResult:
+        def result(status: Status, reason: str, changes: list[str] | None = None):
+            return AdapterResult(adapter.name, status, reason, adapter.upstream, adapter.summary,
+                                 adapter.phase.value, adapter.vllm_range, changes or [])
+
+        if adapter.name in disabled:
+            return result(Status.DISABLED, f"disabled by {_env.DISABLE}")
+        if selected is not None and adapter.name not in selected:
+            return result(Status.DISABLED, "not selected by activate(only=...)")
+        if ctx.process == "worker" and adapter.phase is Phase.DRIVER:
+            return result(Status.NOT_NEEDED, "driver-side adapter; this is a vLLM worker process")
+        try:
+            verdict = adapter.probe(ctx)
+        except Exception as exc:  # noqa: BLE001 - a probe must never take the user down
+            logger.debug("probe of %s raised", adapter.name, exc_info=True)
+            return result(Status.FAILED, f"probe raised {exc!r}")
+        if not verdict.apply:
+            return result(verdict.status, verdict.reason)
+        mark = len(self._patcher)
+        try:
+            adapter.apply(self._patcher, ctx)
+        except Exception as exc:  # noqa: BLE001 - roll back this adapter, keep going
+            logger.debug("apply of %s raised", adapter.name, exc_info=True)
+            try:
+                self._patcher.revert(mark)
+            except Exception:  # noqa: BLE001
+                pass
+            return result(Status.FAILED, f"apply raised {exc!r}; rolled back")
+        return result(Status.APPLIED, verdict.reason, self._patcher.changes()[mark:])
+
+    def _log(self, report: Report) -> None:
+        if not self._logged:
+            logger.info(report.summary_line())
+            self._logged = True
+        else:
+            logger.debug(report.summary_line())
+        for r in report.problems:
+            logger.warning("speculators-compat: adapter %s %s: %s", r.name, r.status.value,
+                           r.reason)
+
+    def deactivate(self) -> None:
+        with self._lock:
+            self._patcher.revert(0)
+            if self.report is not None:
+                self.report.active = False
+            self.report = None

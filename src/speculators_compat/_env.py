@@ -1,0 +1,24 @@
+"""Environment variables the shim reads or sets (one place, so docs and code agree)."""
+
+#: Set by ``activate()`` in its own process; spawned vLLM processes inherit it and the
+#: ``vllm.general_plugins`` entry point re-activates there only when it is present.
+ACTIVE = "SPECULATORS_COMPAT_ACTIVE"
+#: Comma-separated adapter names to leave alone (status ``disabled``).
+DISABLE = "SPECULATORS_COMPAT_DISABLE"
+#: ``1``/``true``: a ``mismatch`` or ``failed`` adapter raises instead of warning.
+STRICT = "SPECULATORS_COMPAT_STRICT"
+#: Version to assume for vLLM when the installed distribution's metadata is wrong or
+#: missing (source builds, ``pip install -e``). Probes still decide what applies.
+VLLM_VERSION = "SPECULATORS_COMPAT_VLLM_VERSION"
+#: Path of a JSON file the report is written to after activation (provenance).
+REPORT_FILE = "SPECULATORS_COMPAT_REPORT_FILE"
+
+TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
+
+
+def flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in TRUE_VALUES
+
+
+def names(value: str | None) -> frozenset[str]:
+    return frozenset(n.strip() for n in (value or "").split(",") if n.strip())

