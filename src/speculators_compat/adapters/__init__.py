@@ -1,12 +1,52 @@
 """The ordered adapter registry. One module per upstream change.
 
-Order matters where adapters build on each other: fixes that must precede
-``import speculators`` come first, then those that must precede the import of
-speculators' generator module, then the ones that rebind names inside it.
+Order matters: fixes that must precede ``import speculators`` come first, then those
+that must precede the import of speculators' generator module, then the ones that
+rebind names inside it (wrappers stack in this order, the last one outermost).
 """
 
 from __future__ import annotations
 
 from .._core import Adapter
+from .collective_rpc_unique_reply import CollectiveRpcUniqueReply
+from .cpu_block_size import CPUBlockSize
+from .executor_sample_tokens import ExecutorSampleTokens
+from .executor_warmup_split import ExecutorWarmupSplit
+from .hook_capture import HookCapture
+from .kv_cache_config_fields import KVCacheConfigFields
+from .kv_cache_helpers_relocated import KVCacheHelpersRelocated
+from .kv_cache_layout_resolution import KVCacheLayoutResolution
+from .kv_cache_specs_kwarg import KVCacheSpecsKwarg
+from .no_gpu_kv_sizing import NoGpuKVSizing
+from .prefix_caching_off import PrefixCachingOff
+from .request_eos_token_id import RequestEosTokenId
+from .result_order_natural import ResultOrderNatural
+from .scheduler_block_size import SchedulerBlockSize
+from .scheduler_config_encoder_decoder import SchedulerConfigEncoderDecoder
+from .scheduling_sync import SchedulingSync
+from .transformers5_config_torch import Transformers5ConfigTorch
 
-ADAPTERS: list[Adapter] = []
+ADAPTERS: list[Adapter] = [
+    # before `import speculators`
+    Transformers5ConfigTorch(),
+    # before speculators' generator module is imported
+    KVCacheHelpersRelocated(),
+    # names inside speculators' generator module
+    SchedulerConfigEncoderDecoder(),
+    SchedulingSync(),
+    PrefixCachingOff(),
+    CPUBlockSize(),
+    KVCacheSpecsKwarg(),
+    KVCacheConfigFields(),
+    NoGpuKVSizing(),
+    SchedulerBlockSize(),
+    RequestEosTokenId(),
+    KVCacheLayoutResolution(),
+    ExecutorSampleTokens(),
+    CollectiveRpcUniqueReply(),
+    ExecutorWarmupSplit(),
+    HookCapture(),
+    ResultOrderNatural(),
+]
+
+__all__ = ["ADAPTERS"]

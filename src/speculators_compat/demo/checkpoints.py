@@ -272,6 +272,29 @@ def _ensure_routing_bias(out: pathlib.Path, config: transformers.PretrainedConfi
     save_file(tensors, str(files[0]), metadata={"format": "pt"})
 
 
+def _make_tokenizer_config_portable(out: pathlib.Path) -> None:
+    """Let a tokenizer saved by transformers 5 also load in transformers 4.x.
+
+    transformers 5 writes ``"tokenizer_class": "TokenizersBackend"`` (unknown to 4.x: "Tokenizer
+    class TokenizersBackend does not exist") and ``extra_special_tokens`` as a list (4.x expects a
+    dict).  transformers 5 still loads the 4.x spelling (``PreTrainedTokenizerFast`` plus
+    ``additional_special_tokens``) into the same tokenizer, so write that.  A checkpoint is still
+    rebuilt per transformers version (the stamp records it); this only helps tools from another
+    environment that read the directory.
+    """
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    if cfg.get("tokenizer_class") != "TokenizersBackend":
+        return
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    extra = cfg.pop("extra_special_tokens", None)
+    if isinstance(extra, list):
+        cfg.setdefault("additional_special_tokens", extra)
+    elif extra is not None:
+        cfg["extra_special_tokens"] = extra
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
 def _write_checkpoint(
     kind: str, out: pathlib.Path, seed: int, overrides: dict[str, Any]
 ) -> list[str]:
@@ -290,6 +313,7 @@ def _write_checkpoint(
 
     tokenizer = build_tokenizer(config.vocab_size)
     tokenizer.save_pretrained(str(out))
+    _make_tokenizer_config_portable(out)
     return sorted(p.name for p in out.iterdir() if p.is_file())
 
 

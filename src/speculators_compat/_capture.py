@@ -1,0 +1,228 @@
+"""Decoder-layer capture inside a vLLM worker, by forward hooks (no copied forwards).
+
+Why hooks: speculators' worker extension replaces the base model's ``forward`` with a
+generic loop. That loop breaks when vLLM renames things (``get_input_embeddings`` →
+``embed_input_ids`` in 0.11.1) and is silently wrong for models whose forward does
+more than call the layers (DeepSeek-V2/V3 pass ``llama_4_scaling`` to every layer;
+newer releases add sequence-parallel MoE gathers). A forward hook on decoder layer k
+reads what the model's own forward produced: ``hidden_states + residual`` of the
+``(hidden_states, residual)`` pair the layer returns, i.e. the output of layer k before
+the final norm (transformers' ``hidden_states[k+1]``), which is speculators' meaning.
+
+Row attribution: a layer's output rows are in the model runner's batch order for that
+step. The capture reads that order from the runner itself (V1:
+``input_batch.req_ids``) together with the step's ``num_scheduled_tokens``, keeps only
+prompt (prefill) rows of each request, and assembles every request's rows across
+chunked-prefill steps. Results are then produced in the installed speculators' own
+contract by :mod:`speculators_compat.worker_extension`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from ._core import CompatError
+
+_REQ_ID = re.compile(r"^req_(\d+)_(\d+)$")
+
+
+def find_base_model(model: Any) -> Any:
+    """The module holding the decoder ``layers`` (same search as speculators 0.4)."""
+    if hasattr(model, "get_language_model"):
+        lm = model.get_language_model()
+        base = getattr(lm, "model", lm)
+    else:
+        base = getattr(model, "model", None)
+    if base is None or not hasattr(base, "layers"):
+        raise CompatError(
+            f"speculators-compat: cannot find the decoder layers of {type(model).__name__} "
+            "(expected `model.model.layers` or `get_language_model().model.layers`). "
+            "Hidden-state capture supports decoder-only models whose layers return "
+            "(hidden_states, residual); please report the architecture.")
+    return base
+
+
+def layer_output(output: Any, layer_idx: int) -> Any:
+    """``hidden_states + residual`` from a decoder layer's return value."""
+    if isinstance(output, (tuple, list)):
+        if len(output) >= 2 and output[1] is not None:
+            return output[0] + output[1]
+        if len(output) >= 1 and hasattr(output[0], "shape"):
+            return output[0]
+    elif hasattr(output, "shape"):
+        return output
+    raise CompatError(
+        f"speculators-compat: decoder layer {layer_idx} returned {type(output).__name__}, "
+        "not (hidden_states, residual): its hidden states cannot be read by the capture. "
+        "This architecture is not supported; please report it.")
+
+
+def request_order_key(req_id: str, first_seen: int) -> tuple:
+    """Input order of speculators' request ids ``req_<call>_<index>`` (numeric, not
+    string order); ids of another form keep the order the worker first saw them."""
+    m = _REQ_ID.match(req_id)
+    if m:
+        return (0, int(m.group(1)), int(m.group(2)), first_seen)
+    return (1, 0, 0, first_seen)
+
+
+class LayerCapture:
+    """Hooks on decoder layers plus per-request row bookkeeping for one worker."""
+
+    def __init__(self, runner: Any, layer_ids: Iterable[int], enabled: bool) -> None:
+        self.runner = runner
+        self.enabled = enabled
+        base = find_base_model(runner.model)
+        layers = base.layers
+        n = len(layers)
+        ids = sorted(set(int(i) for i in layer_ids))
+        bad = [i for i in ids if i < 0 or i >= n]
+        if bad:
+            raise CompatError(f"speculators-compat: layer ids {bad} out of range: the model "
+                              f"has {n} decoder layers (valid ids 0..{n - 1}).")
+        if not ids:
+            raise CompatError("speculators-compat: no layer ids to capture.")
+        start = getattr(base, "start_layer", 0)
+        end = getattr(base, "end_layer", n)
+        if (start, end) != (0, n):
+            raise CompatError(
+                "speculators-compat: pipeline parallelism is not supported by the capture "
+                f"(this rank holds layers {start}..{end - 1} of {n}); use "
+                "tensor_parallel_size instead.")
+        if not hasattr(runner, "input_batch"):
+            raise CompatError(
+                f"speculators-compat: the model runner {type(runner).__name__} has no "
+                "`input_batch` (vLLM Model Runner V2), whose row order the capture cannot "
+                "read yet. Start with VLLM_USE_V2_MODEL_RUNNER=0.")
+        self.layer_ids = ids
+        self._slot = {layer: i for i, layer in enumerate(ids)}
+        self._handles = [layers[i].register_forward_hook(self._hook_for(i)) for i in ids]
+        self._step: Any = None
+        self._step_layout: list[tuple[str, int, int]] | None = None
+        self.armed = False
+        self.reset()
+        self._original_execute = runner.__dict__.get("execute_model")
+        cls_execute = type(runner).execute_model
+        capture = self
+
+        def execute_model(scheduler_output, *args, **kwargs):
+            capture._begin_step(scheduler_output)
+            try:
+                if capture._original_execute is not None:
+                    return capture._original_execute(scheduler_output, *args, **kwargs)
+                return cls_execute(runner, scheduler_output, *args, **kwargs)
+            finally:
+                capture._step = None
+                capture._step_layout = None
+
+        runner.execute_model = execute_model
+
+    # -- lifecycle -----------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget everything captured; start recording (speculators' ``_reset_capture``)."""
+        self.prompt_len: dict[str, int] = {}
+        self.first_seen: dict[str, int] = {}
+        self.rows: dict[str, list[list[Any]]] = {}
+        self.count: dict[str, int] = {}
+        self.armed = True
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._original_execute is not None:
+            self.runner.execute_model = self._original_execute
+        else:
+            self.runner.__dict__.pop("execute_model", None)
+
+    # -- per step --------------------------------------------------------------------
+    def _begin_step(self, so: Any) -> None:
+        self._step = so
+        self._step_layout = None
+        if not (self.armed and self.enabled):
+            return
+        for new in getattr(so, "scheduled_new_reqs", None) or ():
+            prompt = getattr(new, "prompt_token_ids", None)
+            if prompt is None:
+                raise CompatError(
+                    f"speculators-compat: request {new.req_id} has no prompt_token_ids "
+                    "(prompt embeddings are not supported by the capture).")
+            self.prompt_len[new.req_id] = len(prompt)
+            self.first_seen.setdefault(new.req_id, len(self.first_seen))
+
+    def _layout(self, num_rows: int) -> list[tuple[str, int, int]]:
+        """(request id, row offset, rows to keep) for this step, in the runner's order."""
+        if self._step_layout is not None:
+            return self._step_layout
+        so = self._step
+        scheduled: dict[str, int] = dict(so.num_scheduled_tokens)
+        batch = self.runner.input_batch
+        order = [r for r in list(batch.req_ids)[: batch.num_reqs] if r is not None]
+        if sorted(order) != sorted(scheduled):
+            raise CompatError(
+                "speculators-compat: the model runner's batch does not match the scheduled "
+                f"requests ({len(order)} vs {len(scheduled)}); refusing to attribute rows.")
+        total = sum(scheduled.values())
+        if num_rows < total:
+            raise CompatError(f"speculators-compat: layer produced {num_rows} rows for "
+                              f"{total} scheduled tokens; refusing to attribute rows.")
+        layout = []
+        offset = 0
+        for rid in order:
+            n = scheduled[rid]
+            if rid in self.prompt_len:
+                done = self.count.get(rid, 0)
+                keep = max(0, min(n, self.prompt_len[rid] - done))
+                if keep:
+                    layout.append((rid, offset, keep))
+                    self.count[rid] = done + keep
+            offset += n
+        self._step_layout = layout
+        return layout
+
+    def _hook_for(self, layer_idx: int):
+        def hook(module, inputs, output):
+            if self._step is None or not (self.armed and self.enabled):
+                return None
+            hidden = layer_output(output, layer_idx)
+            slot = self._slot[layer_idx]
+            for rid, offset, keep in self._layout(hidden.shape[0]):
+                per_layer = self.rows.setdefault(rid, [[] for _ in self.layer_ids])
+                per_layer[slot].append(hidden[offset: offset + keep])
+            return None
+
+        return hook
+
+    # -- results ---------------------------------------------------------------------
+    def ordered_requests(self) -> list[str]:
+        return sorted(self.prompt_len, key=lambda r: request_order_key(r, self.first_seen.get(r, 0)))
+
+    def take(self) -> dict[str, list[Any]]:
+        """Every request's full prompt rows per layer (in input order); then forget them.
+
+        Raises if any request's prefill was captured only partly: never a silent
+        truncation.
+        """
+        import torch
+
+        out: dict[str, list[Any]] = {}
+        incomplete = [(r, self.count.get(r, 0), self.prompt_len.get(r))
+                      for r in self.ordered_requests()
+                      if self.count.get(r, 0) != self.prompt_len.get(r)]
+        if incomplete:
+            details = ", ".join(f"{r}: {c}/{p} tokens" for r, c, p in incomplete[:5])
+            raise CompatError(
+                "speculators-compat: prefill of some requests was captured only partly "
+                f"({details}); refusing to return truncated hidden states.")
+        for rid in self.ordered_requests():
+            out[rid] = [torch.cat(chunks, dim=0) for chunks in self.rows[rid]]
+            if not out[rid] or out[rid][0].shape[0] != self.prompt_len[rid]:
+                raise CompatError(f"speculators-compat: request {rid}: captured rows do not "
+                                  "match its prompt length; refusing to return them.")
+        self.rows.clear()
+        self.count.clear()
+        self.prompt_len.clear()
+        self.first_seen.clear()
+        return out

@@ -1,0 +1,104 @@
+"""Shared probes of the consumer (speculators' generator) and the installed vLLM.
+
+Adapters patch names inside speculators' generator module, because that module
+imported vLLM's symbols by name (``from vllm... import Scheduler``): rebinding
+them there changes what speculators sees and nothing that vLLM's own engine uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from types import ModuleType
+from typing import Any
+
+from .._core import Context
+
+GENERATOR_MODULE = "speculators.data_generation.vllm_hidden_states_generator"
+WORKER_MODULE = "speculators.data_generation.custom_worker"
+WORKER_EXTENSION = f"{WORKER_MODULE}.HiddenStatesWorkerExtension"
+
+#: speculators' worker extension returns a list of per-layer tensors (0.3.x)...
+CONTRACT_LIST = "list"
+#: ... or a dict request id -> per-layer tensors, with per-step metadata (0.4.x).
+CONTRACT_BY_REQUEST = "by_request"
+
+
+def generator_module(ctx: Context) -> ModuleType | None:
+    """speculators' generator module, imported once per activation (``None`` if absent)."""
+
+    def load() -> ModuleType | None:
+        try:
+            return importlib.import_module(GENERATOR_MODULE)
+        except ModuleNotFoundError as exc:
+            ctx.memo("generator_error", lambda: exc)
+            return None
+
+    return ctx.memo("generator_module", load)
+
+
+def generator_missing_reason(ctx: Context) -> str:
+    err = ctx.memo("generator_error", lambda: None)
+    spec = ctx.versions.get("speculators")
+    if spec is None:
+        return "speculators is not installed"
+    return (f"speculators {spec} has no in-process generator ({GENERATOR_MODULE}: {err}); "
+            "speculators >= 0.5 uses vLLM's own extract_hidden_states instead")
+
+
+def worker_contract(ctx: Context) -> str | None:
+    """Which result contract the installed speculators' worker extension implements."""
+
+    def probe() -> str | None:
+        try:
+            mod = importlib.import_module(WORKER_MODULE)
+        except ModuleNotFoundError:
+            return None
+        ext = getattr(mod, "HiddenStatesWorkerExtension", None)
+        if ext is None:
+            return None
+        return CONTRACT_BY_REQUEST if hasattr(ext, "_set_request_metadata") else CONTRACT_LIST
+
+    return ctx.memo("worker_contract", probe)
+
+
+def parameters(obj: Any) -> dict[str, inspect.Parameter] | None:
+    """Parameters of a callable (``__init__`` for classes), ``None`` if not inspectable."""
+    try:
+        return dict(inspect.signature(obj).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def required(param: inspect.Parameter | None) -> bool:
+    return param is not None and param.default is inspect.Parameter.empty and param.kind not in (
+        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def subclass(base: type, name_suffix: str, namespace: dict[str, Any]) -> type:
+    """A thin subclass of ``base`` (whatever is currently bound in the consumer)."""
+    ns = dict(namespace)
+    ns.setdefault("__module__", "speculators_compat.adapters")
+    ns.setdefault("__doc__", base.__doc__)
+    cls = type(base.__name__, (base,), ns)
+    cls.__qualname__ = f"{base.__qualname__}[compat:{name_suffix}]"
+    return cls
+
+
+def is_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(getattr(current_platform, "is_cpu", lambda: False)())
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())

@@ -1,0 +1,90 @@
+"""Capture decoder-layer outputs with hooks instead of speculators' copied model forward.
+
+Why: speculators' worker extension replaces ``base_model.forward`` with its own loop.
+On vLLM 0.11.1+ that loop fails (``AttributeError: ... has no attribute
+'get_input_embeddings'``: renamed ``embed_input_ids``); on DeepSeek-V2/V3 since 0.12 it
+drops the ``llama_4_scaling`` the model's forward passes to every layer (silently wrong
+for configs that set it); and where Model Runner V2 exists, rows come in the runner's
+order, not the scheduler's (silently misattributed sequences on GPU).
+How: speculators names its extension by string in ``ParallelConfig``; the rebound
+``ParallelConfig`` in speculators' module names
+:mod:`speculators_compat.worker_extension`'s class for the installed speculators'
+result contract instead. It answers the same RPCs, captures with forward hooks on the
+decoder layers and attributes rows with the runner's real batch layout. Pipeline
+parallelism is refused here, before any worker starts.
+Applies when: the installed vLLM has any of the changes above.
+Remove when: speculators < 0.5 support is dropped.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from .._core import CompatError, Context, Patcher, Verdict
+from .. import worker_extension
+from . import _targets
+from ._base import GeneratorAdapter
+
+
+def _has_module(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+        return True
+    except ImportError:
+        return False
+
+
+def _reasons(contract: str) -> list[str]:
+    reasons = []
+    llama = importlib.import_module("vllm.model_executor.models.llama").LlamaModel
+    wanted = "get_input_embeddings" if contract == _targets.CONTRACT_LIST else "embed_input_ids"
+    if not hasattr(llama, wanted):
+        reasons.append(f"base models have no {wanted}() (speculators' forward calls it)")
+    try:
+        ds = importlib.import_module("vllm.model_executor.models.deepseek_v2")
+        params = _targets.parameters(ds.DeepseekV2DecoderLayer.forward) or {}
+        if "llama_4_scaling" in params:
+            reasons.append("DeepSeek-V2/V3 layers take llama_4_scaling, which speculators' "
+                           "forward drops")
+    except ImportError:
+        pass
+    if _has_module("vllm.v1.worker.gpu.model_runner"):
+        reasons.append("Model Runner V2 exists (rows in runner order, no input_batch)")
+    return reasons
+
+
+class HookCapture(GeneratorAdapter):
+    name = "hook_capture"
+    summary = "capture decoder-layer outputs with forward hooks, rows attributed by the runner"
+    upstream = ("vLLM 0.11.1: embed_input_ids rename; 0.12: DeepseekV2DecoderLayer "
+                "llama_4_scaling; 0.22+: Model Runner V2 (vllm/v1/worker/gpu/)")
+    vllm_range = ">=0.11.1.dev0"
+    remove_when = "speculators < 0.5 support is dropped"
+
+    def check(self, ctx: Context, gen: ModuleType) -> Verdict:
+        contract = _targets.worker_contract(ctx)
+        if contract is None:
+            return Verdict.mismatch("speculators' HiddenStatesWorkerExtension not found")
+        if _targets.WORKER_EXTENSION not in _targets.source(gen):
+            return Verdict.mismatch("speculators' generator does not name "
+                                    f"{_targets.WORKER_EXTENSION}")
+        reasons = _reasons(contract)
+        if not reasons:
+            return Verdict.not_needed("speculators' own forward loop matches this vLLM")
+        return Verdict.needed("; ".join(reasons) + f" -> hook capture ({contract} contract)")
+
+    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
+        ours = worker_extension.EXTENSIONS[_targets.worker_contract(ctx)]
+
+        def wrapper(wrapped, instance, args, kwargs):
+            if kwargs.get("worker_extension_cls") == _targets.WORKER_EXTENSION:
+                kwargs["worker_extension_cls"] = ours
+            pp = kwargs.get("pipeline_parallel_size", 1) or 1
+            if pp > 1:
+                raise CompatError(
+                    f"speculators-compat: pipeline_parallel_size={pp} is not supported by the "
+                    "hidden-state capture; use tensor_parallel_size instead.")
+            return wrapped(*args, **kwargs)
+
+        patcher.wrap(gen, "ParallelConfig", wrapper)

@@ -1,0 +1,76 @@
+"""The engine core resolves one KV-cache layout before KV configs can be built (~0.29+).
+
+Why: newer engine cores call ``resolve_kv_cache_layout`` over the workers'
+``get_supported_kv_cache_layouts()`` and broadcast it with ``set_kv_cache_layout``
+before ``get_kv_cache_config_from_groups``; that function now reads the resolved
+layout and raises ``ValueError: KV cache layout has not been resolved yet`` (seen on
+0.32) when speculators' generator, which bypasses the engine core, calls it.
+How: the ``MultiprocExecutor`` name in speculators' module is rebound to a subclass
+whose ``__init__`` replays the engine core's sequence once the workers are up:
+``register_all_kvcache_specs`` (where it exists), collect specs, resolve, broadcast.
+Applies when: ``resolve_kv_cache_layout`` exists and the executor has
+``set_kv_cache_layout``.
+Remove when: speculators 0.3/0.4 support is dropped.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from .._core import Context, Patcher, Verdict
+from . import _targets
+from ._base import GeneratorAdapter
+
+UTILS = "vllm.v1.attention.backends.utils"
+
+
+def _resolver():
+    try:
+        return getattr(importlib.import_module(UTILS), "resolve_kv_cache_layout", None)
+    except ImportError:
+        return None
+
+
+class KVCacheLayoutResolution(GeneratorAdapter):
+    name = "kv_cache_layout_resolution"
+    summary = "resolve and broadcast the KV-cache layout as the engine core does"
+    upstream = ("vLLM ~0.29: EngineCore._initialize_kv_caches resolves the KV cache layout "
+                "(vllm/v1/attention/backends/utils.py: resolve_kv_cache_layout)")
+    vllm_range = ">=0.29.0.dev0"
+    remove_when = "speculators < 0.5 support is dropped"
+
+    def check(self, ctx: Context, gen: ModuleType) -> Verdict:
+        resolve = _resolver()
+        has_set = hasattr(gen.MultiprocExecutor, "set_kv_cache_layout")
+        if resolve is None and not has_set:
+            return Verdict.not_needed("this vLLM has no engine-level KV cache layout")
+        if resolve is None or not has_set:
+            return Verdict.mismatch("resolve_kv_cache_layout and Executor.set_kv_cache_layout "
+                                    "are not both present")
+        params = _targets.parameters(resolve) or {}
+        if list(params)[:2] != ["vllm_config", "supported_layouts"]:
+            return Verdict.mismatch(f"unknown resolve_kv_cache_layout{tuple(params)}")
+        return Verdict.needed("KV configs need a resolved layout; speculators bypasses the "
+                              "engine core that resolves it")
+
+    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
+        resolve = _resolver()
+        try:
+            from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+        except ImportError:
+            register_all_kvcache_specs = None
+
+        def __init__(self, *args, **kwargs):
+            base.__init__(self, *args, **kwargs)
+            vllm_config = self.vllm_config
+            if register_all_kvcache_specs is not None:
+                register_all_kvcache_specs(vllm_config)
+            specs = self.get_kv_cache_specs()
+            layout = resolve(vllm_config, self.get_supported_kv_cache_layouts(),
+                             [s for worker_specs in specs for s in worker_specs.values()])
+            self.set_kv_cache_layout(layout.name)
+
+        base = gen.MultiprocExecutor
+        patcher.setattr(gen, "MultiprocExecutor",
+                        _targets.subclass(base, self.name, {"__init__": __init__}))

@@ -1,0 +1,90 @@
+"""KV-cache sizing without a GPU (vLLM's CPU builds; laptops; this project's CI).
+
+Why: speculators sizes the KV cache in the driver from free accelerator memory:
+0.3.0 calls ``torch.cuda.mem_get_info()`` (``RuntimeError: Found no NVIDIA driver``),
+0.4 calls its own ``mem_get_info()``, which yields ``(0, 0)`` and then zero blocks
+(``assert num_gpu_blocks > 0``). vLLM's CPU platform budgets the KV cache itself
+(``VLLM_CPU_KVCACHE_SPACE`` / ``kv_cache_memory_bytes``).
+How: in speculators' module only, ``torch`` (0.3.0) becomes a proxy whose
+``cuda.mem_get_info`` answers ``(0, 0)`` when CUDA is unavailable, ``mem_get_info`` (0.4)
+likewise; and ``get_kv_cache_config_from_groups`` gets the CPU platform's KV budget as
+``available_memory`` instead of speculators' GPU-derived number.
+Applies when: CUDA is not available in the driver.
+Remove when: speculators < 0.5 support is dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import wrapt
+
+from .._core import Context, Patcher, Verdict
+from . import _targets
+from ._base import GeneratorAdapter
+
+GiB = 1 << 30
+DEFAULT_CPU_KV_GIB = 4
+
+
+def cpu_kv_budget(vllm_config) -> int:
+    """The KV-cache bytes vLLM's CPU platform would use for this config."""
+    cc = vllm_config.cache_config
+    for attr in ("kv_cache_memory_bytes", "cpu_kvcache_space_bytes"):
+        value = getattr(cc, attr, None)
+        if value:
+            return int(value)
+    env = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    if env:
+        return int(float(env) * GiB)
+    return DEFAULT_CPU_KV_GIB * GiB
+
+
+def _no_gpu_mem_get_info(*args, **kwargs):
+    return (0, 0)
+
+
+class _CudaWithoutDevice(wrapt.ObjectProxy):
+    def mem_get_info(self, *args, **kwargs):
+        if self.__wrapped__.is_available():
+            return self.__wrapped__.mem_get_info(*args, **kwargs)
+        return (0, 0)
+
+
+class _TorchWithoutDevice(wrapt.ObjectProxy):
+    """``torch`` as seen by speculators' module: only ``cuda.mem_get_info`` differs."""
+
+    @property
+    def cuda(self):
+        return _CudaWithoutDevice(self.__wrapped__.cuda)
+
+
+class NoGpuKVSizing(GeneratorAdapter):
+    name = "no_gpu_kv_sizing"
+    summary = "size the KV cache from the CPU platform's budget when there is no GPU"
+    upstream = ("speculators 0.3.0 torch.cuda.mem_get_info() / 0.4 mem_get_info() assume an "
+                "accelerator; vLLM CPU builds budget KV via VLLM_CPU_KVCACHE_SPACE")
+    vllm_range = None
+    remove_when = "speculators < 0.5 support is dropped"
+
+    def check(self, ctx: Context, gen: ModuleType) -> Verdict:
+        if _targets.has_cuda():
+            return Verdict.not_needed("CUDA is available: speculators' own sizing works")
+        if not _targets.is_cpu_platform():
+            return Verdict.not_needed("no CUDA, but the platform is not CPU; leaving sizing as is")
+        return Verdict.needed("no CUDA device: KV cache sized from the CPU platform's budget")
+
+    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
+        if hasattr(gen, "mem_get_info"):
+            patcher.setattr(gen, "mem_get_info", _no_gpu_mem_get_info)
+        if "torch.cuda.mem_get_info" in _targets.source(gen):
+            patcher.setattr(gen, "torch", _TorchWithoutDevice(gen.torch))
+
+        def wrapper(wrapped, instance, args, kwargs):
+            vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+            if "available_memory" in kwargs:
+                kwargs["available_memory"] = cpu_kv_budget(vllm_config)
+            return wrapped(*args, **kwargs)
+
+        patcher.wrap(gen, "get_kv_cache_config_from_groups", wrapper)

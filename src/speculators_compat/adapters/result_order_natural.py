@@ -1,0 +1,53 @@
+"""speculators 0.4.x returns batches of 11+ sequences out of input order.
+
+Why (upstream bug, silent data corruption): 0.4.x's generator orders results by
+``sorted(request ids)``, a string sort of ``req_<call>_<index>``: ``req_0_10`` sorts
+before ``req_0_2``, while speculators' own offline script pairs results with loss masks
+by position.
+How: speculators' module looks ``sorted`` up in its own globals before builtins; bind
+there a ``sorted`` that orders speculators' request ids numerically (any other input
+is sorted exactly as the builtin does). Results come back in input order.
+This changes upstream 0.4.x's observable order for batches of 11+ (to the documented
+one); the report says so.
+Applies when: the installed generator sorts request ids (speculators 0.4.x).
+Remove when: speculators 0.4.x support is dropped.
+"""
+
+from __future__ import annotations
+
+import builtins
+from types import ModuleType
+
+from .._capture import _REQ_ID
+from .._core import Context, Patcher, Verdict
+from . import _targets
+from ._base import GeneratorAdapter
+
+
+def natural_sorted(iterable, /, *, key=None, reverse=False):
+    items = list(iterable)
+    if key is None and items and all(isinstance(i, str) and _REQ_ID.match(i) for i in items):
+        return builtins.sorted(
+            items, key=lambda s: tuple(int(x) for x in _REQ_ID.match(s).groups()),
+            reverse=reverse)
+    return builtins.sorted(items, key=key, reverse=reverse)
+
+
+class ResultOrderNatural(GeneratorAdapter):
+    name = "result_order_natural"
+    summary = "return 0.4.x results in input order (numeric, not string, request-id order)"
+    upstream = ("speculators 0.4.x bug: results ordered by sorted(request ids) as strings "
+                "(req_0_10 < req_0_2); fixed here, changing 0.4.x's order for 11+ sequences")
+    vllm_range = None
+    speculators_range = ">=0.4.0.dev0,<0.5.0.dev0"
+    remove_when = "speculators 0.4.x support is dropped"
+
+    def check(self, ctx: Context, gen: ModuleType) -> Verdict:
+        if "sorted(request_id_to_idx" not in _targets.source(gen):
+            return Verdict.not_needed("generator does not order results by sorted request ids")
+        return Verdict.needed("generator orders results by request ids sorted as strings; "
+                              "results are returned in input order instead (differs from "
+                              "upstream 0.4.x for batches of 11+ sequences)")
+
+    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
+        patcher.setattr(gen, "sorted", natural_sorted)

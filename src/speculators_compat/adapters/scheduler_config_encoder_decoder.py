@@ -1,0 +1,45 @@
+"""``SchedulerConfig(is_encoder_decoder=...)`` became a required init field.
+
+Why: vLLM 0.11.1/0.12.0 turned ``is_encoder_decoder`` and ``max_model_len`` into
+``InitVar``s, required from 0.12 (``SchedulerConfig.default_factory`` fills them for
+vLLM's own callers). speculators 0.3.0 does not pass it:
+``ValidationError ... SchedulerConfig ... is_encoder_decoder Field required``.
+How: speculators' module calls ``SchedulerConfig(...)``; rebind that name to a wrapper
+that adds ``is_encoder_decoder=False`` when the caller left it out.
+Applies when: the installed ``SchedulerConfig`` requires ``is_encoder_decoder``.
+Remove when: speculators 0.3.x support is dropped (0.4 passes it).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from .._core import Context, Patcher, Verdict
+from . import _targets
+from ._base import GeneratorAdapter
+
+
+class SchedulerConfigEncoderDecoder(GeneratorAdapter):
+    name = "scheduler_config_encoder_decoder"
+    summary = "pass is_encoder_decoder=False to SchedulerConfig"
+    upstream = "vLLM 0.12.0: SchedulerConfig.is_encoder_decoder is a required InitVar"
+    vllm_range = ">=0.11.1.dev0"
+    remove_when = "speculators 0.3.x support is dropped"
+
+    def check(self, ctx: Context, gen: ModuleType) -> Verdict:
+        params = _targets.parameters(gen.SchedulerConfig)
+        if params is None:
+            return Verdict.mismatch("SchedulerConfig signature is not inspectable")
+        p = params.get("is_encoder_decoder")
+        if p is None:
+            return Verdict.not_needed("SchedulerConfig has no is_encoder_decoder field")
+        if not _targets.required(p):
+            return Verdict.not_needed("SchedulerConfig.is_encoder_decoder has a default")
+        return Verdict.needed("SchedulerConfig requires is_encoder_decoder")
+
+    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
+        def wrapper(wrapped, instance, args, kwargs):
+            kwargs.setdefault("is_encoder_decoder", False)
+            return wrapped(*args, **kwargs)
+
+        patcher.wrap(gen, "SchedulerConfig", wrapper)

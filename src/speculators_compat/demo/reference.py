@@ -1,0 +1,194 @@
+"""Reference hidden states from plain transformers, and a tolerance check against them.
+
+Why: to show that hidden states captured from vLLM (through speculators' generator, on old or new
+vLLM) are the real per-layer outputs of the verifier, compare them with an independent forward pass
+of the same checkpoint in transformers.  vLLM's CPU backend runs bf16, so the reference runs bf16 too
+and the comparison uses tolerances that bf16 kernel differences stay within (measured on the tiny
+Llama and DeepSeek-V3 checkpoints on vLLM 0.16 and 0.32): minimum per-token cosine >= 0.99 and
+maximum absolute error <= 5 % of the reference's largest absolute value.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["compare", "reference_hidden_states"]
+
+DEFAULT_MIN_COSINE = 0.99
+DEFAULT_MAX_REL_ABS_ERR = 0.05
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"not a torch dtype: {dtype!r}")
+    return value
+
+
+def reference_hidden_states(
+    model_path: str | os.PathLike[str],
+    sequences: Sequence[Sequence[int]],
+    layer_ids: Sequence[int],
+    dtype: str | torch.dtype = "bfloat16",
+) -> list[list[torch.Tensor]]:
+    """Outputs of decoder layers ``layer_ids`` for each token sequence, computed by transformers.
+
+    The checkpoint is loaded with ``AutoModelForCausalLM`` in ``dtype`` on CPU.  Each sequence runs
+    as its own forward pass (batch of one, no padding, positions 0..n-1), so nothing depends on
+    padding or attention-mask handling.  A forward hook on ``model.model.layers[k]`` records that
+    layer's output (element 0 when the layer returns a tuple): the residual stream after layer k,
+    what vLLM-side capture of "layer k" yields.  It equals transformers'
+    ``output_hidden_states=True`` entry ``hidden_states[k + 1]`` except for the last layer, where
+    transformers substitutes the final-norm output.
+
+    Returns, per sequence, one tensor ``[len(sequence), hidden_size]`` (in ``dtype``, on CPU) per
+    requested layer id, in the order of ``layer_ids`` (duplicates allowed).  Layer ids are
+    0-based and must be within ``range(num_hidden_layers)``.
+    """
+    import transformers
+
+    torch_dtype = _as_dtype(dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.fspath(model_path), dtype=torch_dtype
+    )
+    model = model.to("cpu").eval()
+    layers = model.model.layers
+    n_layers = len(layers)
+    layer_ids = [int(k) for k in layer_ids]
+    bad = [k for k in layer_ids if not 0 <= k < n_layers]
+    if bad:
+        raise ValueError(f"layer ids {bad} out of range for a model with {n_layers} layers")
+
+    captured: dict[int, torch.Tensor] = {}
+
+    def make_hook(k: int):
+        def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+            hs = output[0] if isinstance(output, (tuple, list)) else output
+            captured[k] = hs.detach()
+
+        return hook
+
+    handles = [layers[k].register_forward_hook(make_hook(k)) for k in sorted(set(layer_ids))]
+    results: list[list[torch.Tensor]] = []
+    try:
+        with torch.inference_mode():
+            for seq in sequences:
+                ids = [int(t) for t in seq]
+                if not ids:
+                    raise ValueError("empty sequence")
+                captured.clear()
+                model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
+                per_layer = []
+                for k in layer_ids:
+                    hs = captured[k]
+                    if hs.dim() == 3:  # [1, seq, hidden]
+                        hs = hs[0]
+                    per_layer.append(hs.to("cpu").clone())
+                results.append(per_layer)
+    finally:
+        for h in handles:
+            h.remove()
+    return results
+
+
+def _pair_stats(actual: Any, expected: Any) -> dict[str, Any]:
+    a = torch.as_tensor(actual).detach().to("cpu", torch.float32)
+    e = torch.as_tensor(expected).detach().to("cpu", torch.float32)
+    stats: dict[str, Any] = {"shape_actual": list(a.shape), "shape_expected": list(e.shape)}
+    if a.shape != e.shape:
+        stats.update(ok=False, reason=f"shape mismatch: {list(a.shape)} vs {list(e.shape)}")
+        return stats
+    if a.numel() == 0:
+        stats.update(ok=False, reason="empty tensors")
+        return stats
+    a2 = a.reshape(-1, a.shape[-1]) if a.dim() > 0 else a.reshape(1, 1)
+    e2 = e.reshape(-1, e.shape[-1]) if e.dim() > 0 else e.reshape(1, 1)
+    dot = (a2 * e2).sum(-1)
+    na, ne = a2.norm(dim=-1), e2.norm(dim=-1)
+    cos = dot / (na * ne)
+    # Two all-zero tokens agree perfectly; one zero and one non-zero do not.
+    cos = torch.where((na == 0) & (ne == 0), torch.ones_like(cos), cos)
+    cos = torch.where((na == 0) ^ (ne == 0), torch.zeros_like(cos), cos)
+    max_abs_err = float((a - e).abs().max())
+    ref_max_abs = float(e.abs().max())
+    if ref_max_abs > 0:
+        rel = max_abs_err / ref_max_abs
+    else:
+        rel = 0.0 if max_abs_err == 0 else math.inf
+    stats.update(
+        min_cosine=float(cos.min()),
+        max_abs_err=max_abs_err,
+        ref_max_abs=ref_max_abs,
+        rel_max_abs_err=rel,
+    )
+    return stats
+
+
+def compare(
+    actual: Sequence[Sequence[torch.Tensor]],
+    expected: Sequence[Sequence[torch.Tensor]],
+    *,
+    min_cosine: float = DEFAULT_MIN_COSINE,
+    max_rel_abs_err: float = DEFAULT_MAX_REL_ABS_ERR,
+) -> dict[str, Any]:
+    """Compare captured hidden states with reference ones, sequence by sequence, layer by layer.
+
+    ``actual`` and ``expected`` are nested as ``[sequence][layer] -> tensor [tokens, hidden]`` (the
+    shape :func:`reference_hidden_states` returns).  Everything is compared in float32.  For every
+    pair it reports the minimum per-token cosine similarity, the maximum absolute error, the
+    reference's maximum absolute value and their ratio.  A pair passes when the shapes match, all
+    values are finite, ``min_cosine >= min_cosine`` and ``rel_max_abs_err <= max_rel_abs_err``.
+
+    Returns ``{"ok", "reasons", "min_cosine", "max_rel_abs_err", "thresholds", "per_sequence"}``:
+    ``per_sequence[i][j]`` holds the stats of sequence i, layer position j (with ``ok`` and, on
+    failure, ``reason``); the top-level ``min_cosine`` / ``max_rel_abs_err`` are the worst values
+    over all comparable pairs (None if there were none); ``reasons`` lists every failure.
+    """
+    reasons: list[str] = []
+    per_sequence: list[list[dict[str, Any]]] = []
+    if len(actual) != len(expected):
+        reasons.append(f"number of sequences differs: {len(actual)} vs {len(expected)}")
+    cos_values: list[float] = []
+    rel_values: list[float] = []
+    for i, (seq_a, seq_e) in enumerate(zip(actual, expected)):
+        rows: list[dict[str, Any]] = []
+        if len(seq_a) != len(seq_e):
+            reasons.append(f"sequence {i}: number of layers differs: {len(seq_a)} vs {len(seq_e)}")
+        for j, (a, e) in enumerate(zip(seq_a, seq_e)):
+            st = _pair_stats(a, e)
+            if "reason" not in st:
+                cos, rel = st["min_cosine"], st["rel_max_abs_err"]
+                if not (math.isfinite(cos) and math.isfinite(rel)):
+                    st.update(ok=False, reason=f"non-finite values (cosine {cos}, rel err {rel})")
+                elif cos < min_cosine:
+                    st.update(ok=False, reason=f"min cosine {cos:.6f} < {min_cosine}")
+                elif rel > max_rel_abs_err:
+                    st.update(
+                        ok=False, reason=f"max abs err {rel:.4%} of ref max > {max_rel_abs_err:.2%}"
+                    )
+                else:
+                    st["ok"] = True
+                cos_values.append(cos)
+                rel_values.append(rel)
+            if not st["ok"]:
+                reasons.append(f"sequence {i}, layer position {j}: {st['reason']}")
+            rows.append(st)
+        per_sequence.append(rows)
+    # NaN counts as the worst value so that it shows up in the summary.
+    worst_cos = min(cos_values, key=lambda c: -math.inf if math.isnan(c) else c, default=None)
+    worst_rel = max(rel_values, key=lambda r: math.inf if math.isnan(r) else r, default=None)
+    return {
+        "ok": not reasons,
+        "reasons": reasons,
+        "min_cosine": worst_cos,
+        "max_rel_abs_err": worst_rel,
+        "thresholds": {"min_cosine": min_cosine, "max_rel_abs_err": max_rel_abs_err},
+        "per_sequence": per_sequence,
+    }

@@ -1,0 +1,88 @@
+"""Worker extensions that replace speculators' ``HiddenStatesWorkerExtension``.
+
+vLLM mixes the class named in ``ParallelConfig.worker_extension_cls`` into its worker
+class in every worker process. The ``hook_capture`` adapter names one of these
+instead of speculators' class; they answer the same RPCs speculators' generator sends
+(``_setup_hidden_states_capture``, ``_reset_capture``, ``_set_request_metadata``,
+``_get_captured_states``) with the installed speculators version's own result contract,
+but capture through :mod:`speculators_compat._capture` (hooks on decoder layers, rows
+attributed with the runner's real batch order).
+
+This module imports only the shim's core at import time; torch and vLLM are imported
+when the RPCs run (inside the worker, where they are loaded anyway).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._core import CompatError
+
+
+class _CompatHiddenStatesExtension:
+    """Shared RPC surface; subclasses choose the result contract."""
+
+    def _setup_hidden_states_capture(self, layer_ids: list[int]) -> None:
+        from vllm.distributed import get_tp_group
+
+        from ._capture import LayerCapture
+
+        old = getattr(self, "_compat_capture", None)
+        if old is not None:
+            old.remove()
+        enabled = get_tp_group().rank_in_group == 0  # capture once per token, as upstream
+        self._compat_capture = LayerCapture(self.model_runner, layer_ids, enabled)
+        self._layer_ids = frozenset(layer_ids)
+
+    def _capture(self):
+        cap = getattr(self, "_compat_capture", None)
+        if cap is None:
+            raise RuntimeError("Must call _setup_hidden_states_capture before capturing states")
+        return cap
+
+    def _reset_capture(self) -> None:
+        self._capture().reset()
+
+    def _set_request_metadata(self, request_metadata: dict[str, int]) -> None:
+        """Accepted for speculators 0.4's driver; rows are attributed from the runner's own
+        batch layout instead, which also covers decode rows and reordered batches."""
+
+    def _speculators_compat_report(self) -> dict | None:
+        from ._plugin import worker_report
+
+        return worker_report()
+
+
+class ListContractExtension(_CompatHiddenStatesExtension):
+    """speculators 0.3.x contract: a list with one tensor per layer (ascending layer id),
+    rows of all requests concatenated in input order; ``None`` if nothing was captured."""
+
+    def _get_captured_states(self) -> list[Any] | None:
+        cap = self._capture()
+        if not cap.enabled:
+            return None
+        per_request = cap.take()
+        if not per_request:
+            return None
+        import torch
+
+        layers = list(zip(*per_request.values()))
+        return [torch.cat(list(chunks), dim=0) for chunks in layers]
+
+
+class ByRequestContractExtension(_CompatHiddenStatesExtension):
+    """speculators 0.4.x contract: ``{request_id: [tensor per layer]}``; ``None`` if empty."""
+
+    def _get_captured_states(self) -> dict[str, list[Any]] | None:
+        cap = self._capture()
+        if not cap.enabled:
+            return None
+        return cap.take() or None
+
+
+EXTENSIONS = {
+    "list": f"{__name__}.ListContractExtension",
+    "by_request": f"{__name__}.ByRequestContractExtension",
+}
+
+__all__ = ["ListContractExtension", "ByRequestContractExtension", "EXTENSIONS", "CompatError"]
