@@ -22,6 +22,7 @@ from .prefix_caching_off import PrefixCachingOff
 from .request_eos_token_id import RequestEosTokenId
 from .result_order_natural import ResultOrderNatural
 from .scheduler_block_size import SchedulerBlockSize
+from .scheduler_prefill_only import SchedulerPrefillOnly
 from .scheduler_config_encoder_decoder import SchedulerConfigEncoderDecoder
 from .scheduling_sync import SchedulingSync
 from .transformers5_config_torch import Transformers5ConfigTorch
@@ -40,6 +41,7 @@ ADAPTERS: list[Adapter] = [
     KVCacheConfigFields(),
     NoGpuKVSizing(),
     SchedulerBlockSize(),
+    SchedulerPrefillOnly(),
     RequestEosTokenId(),
     KVCacheLayoutResolution(),
     ExecutorSampleTokens(),

@@ -1,0 +1,172 @@
+"""Command line: ``speculators-compat doctor | run | demo`` (also ``python -m speculators_compat``).
+
+* ``doctor [--json]``: versions, plugin registration, and each adapter's verdict and
+  reason. It probes in its own short-lived process and reverts everything before it
+  exits: nothing in any other process changes.
+* ``run SCRIPT [ARGS...]`` / ``run -m MODULE [ARGS...]``: activate, then run the user's
+  script unchanged as ``__main__`` with its own argv (like ``ddtrace-run``), so an
+  existing data-generation command works by prefixing it.
+* ``demo``: build a tiny checkpoint, run speculators' own generator through the shim on
+  the installed vLLM, compare every layer with transformers, print the report,
+  PASS/FAIL and tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+from importlib import metadata
+
+from . import _env, _versions
+
+PLUGIN_GROUP = "vllm.general_plugins"
+PLUGIN_NAME = "speculators_compat"
+
+
+def plugin_status() -> dict:
+    """Whether our ``vllm.general_plugins`` entry point is registered and will be loaded."""
+    eps = [ep for ep in metadata.entry_points(group=PLUGIN_GROUP) if ep.name == PLUGIN_NAME]
+    allowed = os.environ.get("VLLM_PLUGINS")
+    names = None if allowed is None else [n.strip() for n in allowed.split(",") if n.strip()]
+    loads = bool(eps) and (names is None or PLUGIN_NAME in names)
+    if not eps:
+        note = ("entry point not registered: install the package (pip install "
+                "speculators-compat) so vLLM's workers can re-activate it")
+    elif not loads:
+        note = (f"VLLM_PLUGINS={allowed!r} excludes {PLUGIN_NAME!r}: worker-side adapters will "
+                "not run in vLLM's workers (capture still works: it is named by the driver)")
+    else:
+        note = "registered; vLLM loads it in every worker, and it acts only when activated"
+    return {"registered": bool(eps), "value": eps[0].value if eps else None,
+            "vllm_plugins": allowed, "loads_in_workers": loads, "note": note}
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from . import _ACTIVATION
+
+    previously_active = _ACTIVATION.active
+    report = _ACTIVATION.activate(strict=False)
+    data = report.as_dict()
+    if not previously_active:
+        _ACTIVATION.deactivate()
+    data["active"] = False
+    data["dry_run"] = True
+    data["vllm_distribution"] = _versions.installed_distribution("vllm")
+    data["plugin"] = plugin_status()
+    data["environment"] = {k: os.environ.get(k) for k in
+                           (_env.DISABLE, _env.STRICT, _env.VLLM_VERSION, "VLLM_PLUGINS",
+                            "VLLM_USE_V2_MODEL_RUNNER", "VLLM_WORKER_MULTIPROC_METHOD")}
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    v = data["versions"]
+    print(f"speculators-compat {v['speculators_compat']}")
+    for name in ("vllm", "speculators", "torch", "transformers"):
+        extra = f" ({data['vllm_distribution']})" if name == "vllm" and v[name] else ""
+        print(f"  {name:<13} {v[name] or 'not installed'}{extra}")
+    print(f"plugin: {data['plugin']['note']}")
+    print("adapters (verdicts from a dry run in this process; nothing else changed):")
+    width = max(len(a["name"]) for a in data["adapters"])
+    for a in data["adapters"]:
+        status = "applies" if a["status"] == "applied" else a["status"]
+        print(f"  {a['name']:<{width}}  {status:<10}  {a['reason']}")
+    problems = [a for a in data["adapters"] if a["status"] in ("mismatch", "failed")]
+    if problems:
+        print(f"{len(problems)} adapter(s) cannot help with this installation; see "
+              "docs/troubleshooting.md")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import speculators_compat
+
+    speculators_compat.activate()
+    if args.module:
+        sys.argv = [args.target, *args.args]
+        runpy.run_module(args.target, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [args.target, *args.args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(args.target)))
+        runpy.run_path(args.target, run_name="__main__")
+    return 0
+
+
+def default_workdir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "speculators-compat")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    try:
+        from .demo.checkpoints import build_checkpoint
+        from .demo.runner import DEFAULT_LAYERS, make_sequences, run_check
+    except ImportError as exc:
+        print(f"demo: step 'import torch/transformers' failed: {exc}. The demo needs torch, "
+              "transformers, vLLM and speculators 0.3/0.4 installed.", file=sys.stderr)
+        return 1
+    tf = _versions.installed("transformers")
+    path = os.path.join(args.workdir, f"tf-{tf}", args.model)
+    print(f"[0] build tiny {args.model} checkpoint in {path}")
+    try:
+        build_checkpoint(args.model, path)
+    except Exception as exc:  # noqa: BLE001
+        print(f"demo: step 'build checkpoint' failed: {type(exc).__name__}: {exc}")
+        return 1
+    sizes = [int(s) for s in args.batches.split(",")]
+    batches = [make_sequences(n, seed=i) for i, n in enumerate(sizes)]
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else DEFAULT_LAYERS[args.model]
+    result = run_check(path, layer_ids=layers, batches=batches,
+                       activate=not args.no_activate)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    for i, b in enumerate(result["batches"]):
+        c = b.get("compare", {})
+        tps = b.get("tokens_per_s")
+        print(f"batch {i}: {b['size']} sequences, {b['tokens']} tokens, "
+              f"{'%.0f' % tps if tps else '?'} tokens/s, input order "
+              f"{'kept' if b.get('input_order') else 'BROKEN'}, dtype {b.get('dtypes')}, "
+              f"min cosine {c.get('min_cosine')}, max abs err/ref max {c.get('max_rel_abs_err')}"
+              f" -> {'ok' if b.get('ok') else 'FAIL'}")
+    if result["ok"]:
+        print(f"PASS: hidden states of layers {result.get('layer_ids')} equal transformers' "
+              "decoder-layer outputs for every sequence")
+        return 0
+    if "failed_step" in result:
+        print(f"FAIL at step '{result['failed_step']}': {result['error']}")
+    else:
+        print("FAIL: " + "; ".join(r for b in result["batches"]
+                                   for r in b.get("compare", {}).get("reasons", [])[:5]))
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="speculators-compat", description=__doc__.split(
+        "\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("doctor", help="versions, plugin and adapter verdicts (changes nothing)")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_doctor)
+    r = sub.add_parser("run", help="activate, then run SCRIPT (or -m MODULE) as __main__")
+    r.add_argument("-m", dest="module", action="store_true", help="run a module, like python -m")
+    r.add_argument("target")
+    r.add_argument("args", nargs=argparse.REMAINDER)
+    r.set_defaults(func=cmd_run)
+    m = sub.add_parser("demo", help="tiny end-to-end extraction checked against transformers")
+    m.add_argument("--model", default="llama", choices=["llama", "deepseek_v3", "qwen3",
+                                                        "qwen3_moe"])
+    m.add_argument("--batches", default="12", help="comma-separated batch sizes (default 12)")
+    m.add_argument("--layers", default=None, help="comma-separated layer ids")
+    m.add_argument("--workdir", default=default_workdir())
+    m.add_argument("--no-activate", action="store_true",
+                   help="run without the shim (shows what fails upstream)")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_demo)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Prefill-only scheduling: every sequence of a batch is captured whole, whatever its size.
+
+Why (upstream hazards, silent data loss): speculators never calls
+``update_from_output``, so a request whose prefill finished stays ``running`` with
+nothing to schedule. With more sequences than ``max_num_seqs`` (32) the others can
+never be scheduled: speculators 0.4.x stops with only 32 captured (reported upstream;
+here it raises ``Request req_0_32 not found``). And speculators 0.3.0 aborts every
+request scheduled in a step, including one whose prefill was only partly scheduled
+(chunked prefill: batches above ``max_num_batched_tokens``), truncating it.
+How: the ``Scheduler`` seen by speculators' module finishes a request as soon as its
+prompt is fully computed (at the start of the next ``schedule()``, freeing its slot and
+blocks), and defers an abort requested for a request whose prompt is not yet fully
+computed until it is. Nothing changes for requests that fit in one step.
+Applies when: the scheduler exposes ``running`` / ``finish_requests`` and requests
+track ``num_computed_tokens`` / ``num_prompt_tokens`` (V1 scheduler).
+Remove when: speculators < 0.5 support is dropped.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from .._core import Context, Patcher, Verdict
+from . import _targets
+from ._base import GeneratorAdapter
+
+
+def _prefilled(request) -> bool:
+    return request.num_computed_tokens >= request.num_prompt_tokens
+
+
+class SchedulerPrefillOnly(GeneratorAdapter):
+    name = "scheduler_prefill_only"
+    summary = "finish requests once prefilled; never abort a partly prefilled one"
+    upstream = ("speculators 0.3/0.4 hazards: >max_num_seqs sequences never scheduled "
+                "(0.4), chunked prompts aborted mid-prefill (0.3); vLLM V1 scheduler")
+    vllm_range = None
+    remove_when = "speculators < 0.5 support is dropped"
+
+    def check(self, ctx: Context, gen: ModuleType) -> Verdict:
+        sched, req = gen.Scheduler, gen.Request
+        missing = [n for n in ("schedule", "finish_requests") if not hasattr(sched, n)]
+        src = _targets.source(req)
+        missing += [n for n in ("num_computed_tokens", "num_prompt_tokens") if n not in src]
+        if missing:
+            return Verdict.mismatch(f"scheduler/request lack {missing}")
+        return Verdict.needed("speculators' step loop never finishes prefilled requests; "
+                              "batches above max_num_seqs or chunked prompts lose data")
+
+    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
+        base = gen.Scheduler
+        aborted = gen.RequestStatus.FINISHED_ABORTED
+
+        def schedule(self, *args, **kwargs):
+            done = [r.request_id for r in list(self.running) if _prefilled(r)]
+            deferred = getattr(self, "_compat_deferred", set())
+            done += [rid for rid in deferred
+                     if rid in self.requests and _prefilled(self.requests[rid])
+                     and rid not in done]
+            if done:
+                base.finish_requests(self, done, aborted)
+                deferred.difference_update(done)
+            return base.schedule(self, *args, **kwargs)
+
+        def finish_requests(self, request_ids, finished_status, *args, **kwargs):
+            if finished_status == aborted and request_ids is not None:
+                ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+                pending = {rid for rid in ids
+                           if rid in self.requests and not _prefilled(self.requests[rid])}
+                if pending:
+                    deferred = self.__dict__.setdefault("_compat_deferred", set())
+                    deferred.update(pending)
+                    ids = [rid for rid in ids if rid not in pending]
+                return base.finish_requests(self, ids, finished_status, *args, **kwargs)
+            return base.finish_requests(self, request_ids, finished_status, *args, **kwargs)
+
+        patcher.setattr(gen, "Scheduler", _targets.subclass(
+            base, self.name, {"schedule": schedule, "finish_requests": finish_requests}))
