@@ -20,8 +20,16 @@ from collections.abc import Iterable
 from ._core import Activation, CompatError, Report, Status
 
 __version__ = "0.1.0"
-__all__ = ["activate", "deactivate", "report", "save_report", "CompatError", "Report",
-           "Status", "__version__"]
+__all__ = [
+    "CompatError",
+    "Report",
+    "Status",
+    "__version__",
+    "activate",
+    "deactivate",
+    "report",
+    "save_report",
+]
 
 logging.getLogger("speculators_compat").addHandler(logging.NullHandler())
 

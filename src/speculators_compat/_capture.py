@@ -185,13 +185,13 @@ class LayerCapture:
     def _hook_for(self, layer_idx: int):
         def hook(module, inputs, output):
             if self._step is None or not (self.armed and self.enabled):
-                return None
+                return
             hidden = layer_output(output, layer_idx)
             slot = self._slot[layer_idx]
             for rid, offset, keep in self._layout(hidden.shape[0]):
                 per_layer = self.rows.setdefault(rid, [[] for _ in self.layer_ids])
                 per_layer[slot].append(hidden[offset: offset + keep])
-            return None
+            return
 
         return hook
 

@@ -137,9 +137,12 @@ class Patcher:
         inherited/absent (so the class attribute shows through again)."""
         try:
             namespace = vars(obj)
-        except TypeError:  # no __dict__ (slots): treat as not own
-            namespace = {}
-        previous = namespace[name] if name in namespace else _MISSING
+        except TypeError:  # no __dict__ (slots): what getattr sees is the object's own value
+            namespace = None
+        if namespace is None:
+            previous = getattr(obj, name, _MISSING)
+        else:
+            previous = namespace[name] if name in namespace else _MISSING
         setattr(obj, name, value)
 
         def undo() -> None:
@@ -155,7 +158,9 @@ class Patcher:
 
     def wrap(self, obj: Any, name: str, wrapper: Callable[..., Any]) -> Any:
         """Replace ``obj.name`` by a ``wrapt.FunctionWrapper`` around the current value."""
-        original = getattr(obj, name)
+        raw = vars(obj).get(name) if hasattr(obj, "__dict__") else None
+        # Wrap staticmethod/classmethod descriptors themselves so they keep binding as such.
+        original = raw if isinstance(raw, (staticmethod, classmethod)) else getattr(obj, name)
         wrapped = wrapt.FunctionWrapper(original, wrapper)
         self.setattr(obj, name, wrapped)
         return wrapped
@@ -320,7 +325,6 @@ class Activation:
             self._patcher.setenv(_env.ACTIVE, "1")
             report = Report(results, ctx.versions, os.getpid(), process, strict, True)
             self.report = report
-            self._log(report)
             if strict and report.problems:
                 self.deactivate()
                 report.active = False
@@ -330,9 +334,14 @@ class Activation:
                     f"speculators-compat (strict): {details}. Nothing was patched. "
                     f"Unset {_env.STRICT} to run with the remaining adapters, or disable "
                     f"these with {_env.DISABLE}=<name,...> if you know they do not matter.")
+            self._log(report)
             path = os.environ.get(_env.REPORT_FILE)
             if path:
-                report.to_json(path)
+                try:
+                    report.to_json(path)
+                except OSError as exc:
+                    logger.warning("speculators-compat: could not write the report to %s=%s: %s",
+                                   _env.REPORT_FILE, path, exc)
             return report
 
     def _run_one(self, adapter: Adapter, ctx: Context, selected: set[str] | None,
@@ -349,7 +358,7 @@ class Activation:
             return result(Status.NOT_NEEDED, "driver-side adapter; this is a vLLM worker process")
         try:
             verdict = adapter.probe(ctx)
-        except Exception as exc:  # noqa: BLE001 - a probe must never take the user down
+        except Exception as exc:
             logger.debug("probe of %s raised", adapter.name, exc_info=True)
             return result(Status.FAILED, f"probe raised {exc!r}")
         if not verdict.apply:
@@ -357,7 +366,7 @@ class Activation:
         mark = len(self._patcher)
         try:
             adapter.apply(self._patcher, ctx)
-        except Exception as exc:  # noqa: BLE001 - roll back this adapter, keep going
+        except Exception as exc:
             logger.debug("apply of %s raised", adapter.name, exc_info=True)
             try:
                 self._patcher.revert(mark)

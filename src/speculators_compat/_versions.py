@@ -11,7 +11,7 @@ builds and local parts (``0.16.0rc2.dev3+g0757fbfaa``, ``0.30.1.dev202609231158`
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from importlib import metadata
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -36,7 +36,7 @@ def _dist_version(dist: str) -> str | None:
         return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def installed(module: str) -> str | None:
     """Version string of the distribution that provides ``module``, or ``None``.
 

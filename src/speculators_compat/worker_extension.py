@@ -85,4 +85,4 @@ EXTENSIONS = {
     "by_request": f"{__name__}.ByRequestContractExtension",
 }
 
-__all__ = ["ListContractExtension", "ByRequestContractExtension", "EXTENSIONS", "CompatError"]
+__all__ = ["EXTENSIONS", "ByRequestContractExtension", "CompatError", "ListContractExtension"]

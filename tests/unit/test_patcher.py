@@ -222,9 +222,6 @@ def test_wrap_own_staticmethod_and_classmethod_reverted_to_raw_descriptors():
     assert vars(Base)["klass"] is raw_klass
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: Patcher.wrap stores a FunctionWrapper around "
-                   "the plain function of a staticmethod; accessed via an instance it binds "
-                   "and passes self")
 def test_wrapped_staticmethod_still_static_through_instance():
     Base, _ = _base_and_sub()
     p = Patcher()
@@ -235,8 +232,6 @@ def test_wrapped_staticmethod_still_static_through_instance():
         p.revert()
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: Patcher.wrap wraps the classmethod already "
-                   "bound to obj; subclasses then receive the wrong cls")
 def test_wrapped_classmethod_still_receives_subclass():
     Base, _ = _base_and_sub()
 
@@ -282,8 +277,6 @@ def test_instance_attribute_own_before_restored_by_identity():
     assert obj.attr is sentinel
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: Patcher.setattr treats objects without "
-                   "__dict__ (slots) as 'not own' and deletes the slot on revert")
 def test_slot_attribute_restored():
     class S:
         __slots__ = ("x",)

@@ -22,8 +22,8 @@ from .prefix_caching_off import PrefixCachingOff
 from .request_eos_token_id import RequestEosTokenId
 from .result_order_natural import ResultOrderNatural
 from .scheduler_block_size import SchedulerBlockSize
-from .scheduler_prefill_only import SchedulerPrefillOnly
 from .scheduler_config_encoder_decoder import SchedulerConfigEncoderDecoder
+from .scheduler_prefill_only import SchedulerPrefillOnly
 from .scheduling_sync import SchedulingSync
 from .transformers5_config_torch import Transformers5ConfigTorch
 

@@ -30,7 +30,7 @@ def generator_module(ctx: Context) -> ModuleType | None:
     def load() -> ModuleType | None:
         try:
             return importlib.import_module(GENERATOR_MODULE)
-        except ModuleNotFoundError as exc:
+        except ModuleNotFoundError:
             ctx.memo("generator_error", lambda: exc)
             return None
 

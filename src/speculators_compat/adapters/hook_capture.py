@@ -21,8 +21,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .._core import CompatError, Context, Patcher, Verdict
 from .. import worker_extension
+from .._core import CompatError, Context, Patcher, Verdict
 from . import _targets
 from ._base import GeneratorAdapter
 

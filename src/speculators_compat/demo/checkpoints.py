@@ -76,8 +76,10 @@ _RECIPES: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 1,
         "head_dim": 64,
     },
-    # DeepSeek-V3 layout (what Kimi-K2.x uses).  DeepSeek's own MLA head dims: vLLM's GPU MLA prefill
-    # rejects others, and kv_lora_rank 512 + rope 64 is a head size the CPU backend supports (0.28+).
+    # DeepSeek-V3 layout (what Kimi-K2.x uses).  DeepSeek's own MLA head dims: vLLM's GPU MLA
+    # prefill rejects others; kv_lora_rank 512 + rope 64 is a head size the CPU backend (0.28+)
+    # supports.  routed_scaling_factor 1.0 (DeepSeek uses 2.5) keeps the tiny model's activations
+    # small with all experts selected; override it if the real value matters.
     # All 8 experts are selected so bf16 routing noise cannot flip an expert between vLLM and
     # transformers; the MoE path is still exercised.  vLLM only creates (and then requires) the
     # ``e_score_correction_bias`` tensor with ``topk_method == "noaux_tc"``, and defaults
@@ -231,7 +233,7 @@ def _make_config(kind: str, overrides: dict[str, Any]) -> transformers.Pretraine
 
 
 def _zero_routing_bias(model: torch.nn.Module) -> None:
-    """DeepSeek-V3's aux-loss-free routing bias must be zeros (vLLM requires the tensor to exist)."""
+    """Zero DeepSeek-V3's aux-loss-free routing bias (vLLM requires the tensor; zeros = no bias)."""
     with torch.no_grad():
         for name, buf in model.named_buffers():
             if name.endswith("e_score_correction_bias"):

@@ -45,7 +45,7 @@ class _Steps:
         t = time.perf_counter()
         try:
             out = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - reported with the step name
+        except BaseException as exc:
             self.done.append({"step": name, "ok": False, "error": f"{type(exc).__name__}: {exc}",
                               "traceback": traceback.format_exc()})
             raise StepFailed(name, exc) from exc

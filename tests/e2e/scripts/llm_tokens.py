@@ -1,0 +1,38 @@
+"""vLLM's own ``LLM(...).generate`` with or without ``activate()``; report tokens and what
+the engine's (spawned) worker process says about activation.
+
+Usage: llm_tokens.py --out FILE --model PATH [--activate]
+"""
+
+import argparse
+import json
+import os
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--activate", action="store_true")
+    a = p.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # collective_rpc(<function>) crosses the engine-core boundary by pickle (test only).
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    result = {"driver_pid": os.getpid()}
+    if a.activate:
+        import speculators_compat
+
+        result["driver_report"] = speculators_compat.activate().as_dict()
+    from vllm import LLM, SamplingParams
+
+    from speculators_compat._plugin import worker_report
+
+    llm = LLM(model=a.model, enforce_eager=True, max_model_len=256, dtype="bfloat16",
+              seed=0)
+    prompts = [{"prompt_token_ids": [5 + (7 * i + j) % 400 for j in range(10 + i)]}
+               for i in range(4)]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0))
+    result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
+    result["worker_reports"] = llm.collective_rpc(worker_report)
+    with open(a.out, "w") as f:
+        json.dump(result, f, default=str)
+    os._exit(0)

@@ -1,0 +1,74 @@
+"""Shared helpers for contract and end-to-end tests (real vLLM, real speculators).
+
+These tests run inside an environment built by ``tools/envs.py`` (a vLLM CPU build,
+with one speculators release selected through ``PYTHONPATH``). They skip, saying
+why, where vLLM or speculators is missing, so ``pytest tests/unit`` works anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "e2e" / "scripts"
+CKPT_ROOT = Path(os.environ.get("SPECULATORS_COMPAT_TEST_CKPTS", ROOT / ".cache" / "ckpts"))
+
+
+def installed(module: str) -> str | None:
+    from speculators_compat import _versions
+
+    return _versions.installed(module)
+
+
+def vllm_version():
+    from speculators_compat import _versions
+
+    return _versions.parse(installed("vllm"))
+
+
+def require_vllm():
+    if installed("vllm") is None:
+        pytest.skip("vLLM is not installed in this environment (run via tools/envs.py test)")
+
+
+def require_speculators():
+    require_vllm()
+    if installed("speculators") is None:
+        pytest.skip("speculators is not on PYTHONPATH (run via tools/envs.py test)")
+
+
+def checkpoint(kind: str, **overrides) -> str:
+    """Build (once per transformers version) and return a tiny checkpoint directory."""
+    from speculators_compat.demo.checkpoints import build_checkpoint
+
+    tf = installed("transformers")
+    suffix = "" if not overrides else "-" + "-".join(sorted(overrides))
+    path = CKPT_ROOT / f"tf-{tf}" / f"{kind}{suffix}"
+    return str(build_checkpoint(kind, path, **overrides))
+
+
+def run_script(name: str, *args: str, env: dict | None = None, timeout: int = 900) -> dict:
+    """Run ``tests/e2e/scripts/<name>`` in a fresh interpreter of this env; return its JSON."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        full_env = dict(os.environ)
+        full_env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        full_env.pop("SPECULATORS_COMPAT_ACTIVE", None)
+        full_env.update(env or {})
+        proc = subprocess.run([sys.executable, str(SCRIPTS / name), "--out", str(out), *args],
+                              env=full_env, capture_output=True, text=True, timeout=timeout,
+                              cwd=tmp)
+        if not out.exists():
+            raise AssertionError(f"{name} wrote no result (rc={proc.returncode}):\n"
+                                 f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+        data = json.loads(out.read_text())
+        data["_rc"] = proc.returncode
+        data["_stderr_tail"] = proc.stderr[-6000:]
+        return data
