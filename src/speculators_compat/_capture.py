@@ -77,7 +77,7 @@ class LayerCapture:
         base = find_base_model(runner.model)
         layers = base.layers
         n = len(layers)
-        ids = sorted(set(int(i) for i in layer_ids))
+        ids = sorted({int(i) for i in layer_ids})
         bad = [i for i in ids if i < 0 or i >= n]
         if bad:
             raise CompatError(f"speculators-compat: layer ids {bad} out of range: the model "

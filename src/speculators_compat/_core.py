@@ -142,7 +142,7 @@ class Patcher:
         if namespace is None:
             previous = getattr(obj, name, _MISSING)
         else:
-            previous = namespace[name] if name in namespace else _MISSING
+            previous = namespace.get(name, _MISSING)
         setattr(obj, name, value)
 
         def undo() -> None:

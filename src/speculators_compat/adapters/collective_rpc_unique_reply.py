@@ -32,9 +32,7 @@ def returns_single_result(executor_cls) -> bool | None:
     if "unique_reply_rank" not in params:
         return None
     doc = (getattr(method, "__doc__", None) or "").lower()
-    if "single result" in doc or "kv_output_aggregator" in params:
-        return True
-    return False
+    return bool("single result" in doc or "kv_output_aggregator" in params)
 
 
 class CollectiveRpcUniqueReply(GeneratorAdapter):
