@@ -197,7 +197,8 @@ class LayerCapture:
 
     # -- results ---------------------------------------------------------------------
     def ordered_requests(self) -> list[str]:
-        return sorted(self.prompt_len, key=lambda r: request_order_key(r, self.first_seen.get(r, 0)))
+        first = self.first_seen
+        return sorted(self.prompt_len, key=lambda r: request_order_key(r, first.get(r, 0)))
 
     def take(self) -> dict[str, list[Any]]:
         """Every request's full prompt rows per layer (in input order); then forget them.

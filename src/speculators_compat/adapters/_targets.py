@@ -30,8 +30,9 @@ def generator_module(ctx: Context) -> ModuleType | None:
     def load() -> ModuleType | None:
         try:
             return importlib.import_module(GENERATOR_MODULE)
-        except ModuleNotFoundError:
-            ctx.memo("generator_error", lambda: exc)
+        except ModuleNotFoundError as exc:
+            error = exc
+            ctx.memo("generator_error", lambda: error)
             return None
 
     return ctx.memo("generator_module", load)

@@ -6,8 +6,8 @@ layers (771 items of shape [512] instead of 4 × [512, 7168], or ``Boolean value
 Tensor with more than one value is ambiguous``). vLLM's own callers rely on the new
 convention, so only speculators' calls may see the old one.
 How: the ``MultiprocExecutor`` seen by speculators' module wraps the single reply in a
-one-item list for the RPCs speculators indexes (``_get_captured_states``), for speculators 0.3.x only (0.4 was
-written for the single-result convention).
+one-item list for the RPCs speculators indexes (``_get_captured_states``), for
+speculators 0.3.x only (0.4 was written for the single-result convention).
 Applies when: the installed executor documents/implements the single-result convention
 and the installed speculators uses the list contract.
 Remove when: speculators 0.3.x support is dropped.
