@@ -17,7 +17,9 @@ uv's cache (``.cache/uv`` unless ``UV_CACHE_DIR`` is set) makes a second build f
 
 Usage::
 
-    python tools/envs.py build 0.32.0 [0.16.0 ...]   # build (idempotent)
+    python tools/envs.py build [0.32.0 0.16.0 ...]   # build (idempotent)
+    python tools/envs.py test [--quick]              # build, then run every suite
+    python tools/envs.py demo [--vllm V --speculators S -- DEMO ARGS]
     python tools/envs.py python 0.32.0               # print the env's python
     python tools/envs.py list                        # known recipes
 """
@@ -31,6 +33,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,11 +136,83 @@ def build(version: str) -> Path:
     return path
 
 
+def spec_env(vllm: str, speculators: str | None) -> dict[str, str]:
+    """Environment for running inside ``vllm``'s env with one speculators release."""
+    env = dict(os.environ)
+    env.pop("SPECULATORS_COMPAT_ACTIVE", None)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("SPECULATORS_COMPAT_TEST_CKPTS", str(ROOT / ".cache" / "ckpts"))
+    if speculators:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(speculators_dir(speculators)), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _pytest(vllm: str, speculators: str | None, paths: list[str], label: str,
+            extra: list[str]) -> dict[str, int]:
+    junit = ROOT / ".cache" / "junit" / f"{label}.xml"
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [str(env_python(vllm)), "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider",
+           f"--junitxml={junit}", *extra]
+    print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
+    t = time.time()
+    rc = subprocess.run(cmd, cwd=ROOT, env=spec_env(vllm, speculators), check=False).returncode
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    if junit.exists():
+        root = ET.parse(junit).getroot()
+        for suite in root.iter("testsuite"):
+            tests = int(suite.get("tests", 0))
+            failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+            skipped = int(suite.get("skipped", 0))
+            counts["failed"] += failed
+            counts["skipped"] += skipped
+            counts["passed"] += tests - failed - skipped
+    if rc not in (0, 5) and counts["failed"] == 0:  # crashed, or collection errors
+        counts["failed"] += 1
+    print(f"=== {label}: {counts} in {time.time() - t:.0f}s", flush=True)
+    return counts
+
+
+def test(quick: bool, extra: list[str]) -> int:
+    """Build the envs and run unit, contract and end-to-end suites in each combination."""
+    versions = ["0.32.0"] if quick else sorted(RECIPES, key=lambda v: tuple(map(int, v.split("."))))
+    for v in versions:
+        build(v)
+    totals = {"passed": 0, "failed": 0, "skipped": 0}
+
+    def add(c):
+        for k in totals:
+            totals[k] += c[k]
+
+    add(_pytest(versions[-1], None, ["tests/unit"], "unit", extra))
+    for v in versions:
+        for spec in SPECULATORS:
+            add(_pytest(v, spec, ["tests/contract", "tests/e2e"],
+                        f"vllm-{v}-speculators-{spec}", extra))
+    print(f"\ntotal: {totals['passed']} passed, {totals['failed']} failed, "
+          f"{totals['skipped']} skipped", flush=True)
+    return 1 if totals["failed"] else 0
+
+
+def demo(vllm: str, speculators: str, args: list[str]) -> int:
+    build(vllm)
+    cmd = [str(env_python(vllm)), "-m", "speculators_compat", "demo", *args]
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=ROOT, env=spec_env(vllm, speculators), check=False).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build")
     b.add_argument("versions", nargs="*", default=sorted(RECIPES))
+    t = sub.add_parser("test")
+    t.add_argument("--quick", action="store_true", help="only the vLLM 0.32 env")
+    t.add_argument("pytest_args", nargs=argparse.REMAINDER)
+    d = sub.add_parser("demo")
+    d.add_argument("--vllm", default="0.32.0")
+    d.add_argument("--speculators", default="0.4.0.1")
+    d.add_argument("demo_args", nargs=argparse.REMAINDER)
     p = sub.add_parser("python")
     p.add_argument("version")
     sub.add_parser("list")
@@ -144,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "build":
         for v in args.versions:
             build(v)
+    elif args.cmd == "test":
+        return test(args.quick, [a for a in args.pytest_args if a != "--"])
+    elif args.cmd == "demo":
+        return demo(args.vllm, args.speculators, [a for a in args.demo_args if a != "--"])
     elif args.cmd == "python":
         print(env_python(args.version))
     else:
