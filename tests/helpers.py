@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,13 +63,30 @@ def run_script(name: str, *args: str, env: dict | None = None, timeout: int = 90
         full_env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         full_env.pop("SPECULATORS_COMPAT_ACTIVE", None)
         full_env.update(env or {})
-        proc = subprocess.run([sys.executable, str(SCRIPTS / name), "--out", str(out), *args],
-                              env=full_env, capture_output=True, text=True, timeout=timeout,
-                              cwd=tmp)
+        if full_env.get("PYTHONPATH"):  # scripts run in a temp cwd: make entries absolute
+            full_env["PYTHONPATH"] = os.pathsep.join(
+                os.path.abspath(p) for p in full_env["PYTHONPATH"].split(os.pathsep) if p)
+        log = Path(tmp) / "output.log"
+        with open(log, "w") as logf:
+            # Own session, output to a file: vLLM processes left behind by a crashed script
+            # can neither block the test on a pipe nor outlive it.
+            proc = subprocess.Popen([sys.executable, str(SCRIPTS / name), "--out", str(out),
+                                     *args], env=full_env, stdout=logf, stderr=subprocess.STDOUT,
+                                    cwd=tmp, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                rc = -9
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        output = log.read_text(errors="replace")
         if not out.exists():
-            raise AssertionError(f"{name} wrote no result (rc={proc.returncode}):\n"
-                                 f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+            raise AssertionError(f"{name} wrote no result (rc={rc}):\n{output[-10000:]}")
         data = json.loads(out.read_text())
-        data["_rc"] = proc.returncode
-        data["_stderr_tail"] = proc.stderr[-6000:]
+        data["_rc"] = rc
+        data["_stderr_tail"] = output[-6000:]
         return data

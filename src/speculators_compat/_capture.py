@@ -59,6 +59,28 @@ def layer_output(output: Any, layer_idx: int) -> Any:
         "This architecture is not supported; please report it.")
 
 
+def fp16_unscale_factor(layer: Any) -> float:
+    """Factor that undoes a layer's fp16 overflow guard, 1.0 if it has none.
+
+    DeepSeek-V2/V3 decoder layers (vLLM) running in float16 carry ``hidden_states`` and
+    ``residual`` scaled by ``1 / routed_scaling_factor`` (RMSNorm does not see the scale,
+    so the model's own output is unaffected); the captured sum must be multiplied back to
+    be the layer's true output. Detected by probing the layer's forward source.
+    """
+    import inspect
+
+    factor = getattr(layer, "routed_scaling_factor", None)
+    if not factor or factor == 1.0:
+        return 1.0
+    if type(getattr(layer, "self_attn", None)).__name__ == "DeepseekAttention":
+        return 1.0  # vLLM skips the guard for this attention class
+    try:
+        src = inspect.getsource(type(layer).forward)
+    except (OSError, TypeError):
+        return 1.0
+    return float(factor) if "1.0 / self.routed_scaling_factor" in src else 1.0
+
+
 def request_order_key(req_id: str, first_seen: int) -> tuple:
     """Input order of speculators' request ids ``req_<call>_<index>`` (numeric, not
     string order); ids of another form keep the order the worker first saw them."""
@@ -98,6 +120,7 @@ class LayerCapture:
                 "read yet. Start with VLLM_USE_V2_MODEL_RUNNER=0.")
         self.layer_ids = ids
         self._slot = {layer: i for i, layer in enumerate(ids)}
+        self._unscale = {i: fp16_unscale_factor(layers[i]) for i in ids}
         self._handles = [layers[i].register_forward_hook(self._hook_for(i)) for i in ids]
         self._step: Any = None
         self._step_layout: list[tuple[str, int, int]] | None = None
@@ -187,6 +210,9 @@ class LayerCapture:
             if self._step is None or not (self.armed and self.enabled):
                 return
             hidden = layer_output(output, layer_idx)
+            factor = self._unscale[layer_idx]
+            if factor != 1.0 and str(hidden.dtype) == "torch.float16":
+                hidden = hidden * factor
             slot = self._slot[layer_idx]
             for rid, offset, keep in self._layout(hidden.shape[0]):
                 per_layer = self.rows.setdefault(rid, [[] for _ in self.layer_ids])

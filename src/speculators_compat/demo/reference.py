@@ -37,6 +37,8 @@ def reference_hidden_states(
     sequences: Sequence[Sequence[int]],
     layer_ids: Sequence[int],
     dtype: str | torch.dtype = "bfloat16",
+    *,
+    apply_llama_4_scaling: bool = True,
 ) -> list[list[torch.Tensor]]:
     """Outputs of decoder layers ``layer_ids`` for each token sequence, computed by transformers.
 
@@ -51,6 +53,13 @@ def reference_hidden_states(
     Returns, per sequence, one tensor ``[len(sequence), hidden_size]`` (in ``dtype``, on CPU) per
     requested layer id, in the order of ``layer_ids`` (duplicates allowed).  Layer ids are
     0-based and must be within ``range(num_hidden_layers)``.
+
+    DeepSeek-V3-family configs may set ``llama_4_scaling`` (``original_max_position_embeddings``,
+    ``beta``), which transformers ignores but vLLM applies: every query vector at position p is
+    multiplied by ``1 + beta * log(1 + floor(p / original_max_position_embeddings))`` after RoPE.
+    Scaling commutes with the rotation, so a forward hook on each attention's ``q_b_proj`` (or
+    ``q_proj``) reproduces it; ``apply_llama_4_scaling=False`` leaves it out (to show a test is
+    sensitive to it).
     """
     import transformers
 
@@ -76,6 +85,9 @@ def reference_hidden_states(
         return hook
 
     handles = [layers[k].register_forward_hook(make_hook(k)) for k in sorted(set(layer_ids))]
+    scaling = getattr(model.config, "llama_4_scaling", None) if apply_llama_4_scaling else None
+    if scaling:
+        handles += _llama_4_scaling_hooks(model, scaling)
     results: list[list[torch.Tensor]] = []
     try:
         with torch.inference_mode():
@@ -192,3 +204,23 @@ def compare(
         "thresholds": {"min_cosine": min_cosine, "max_rel_abs_err": max_rel_abs_err},
         "per_sequence": per_sequence,
     }
+
+
+def _llama_4_scaling_hooks(model: torch.nn.Module, scaling: dict[str, Any]) -> list[Any]:
+    """Forward hooks that scale each attention's query projection per position, as vLLM does."""
+    orig = float(scaling["original_max_position_embeddings"])
+    beta = float(scaling["beta"])
+
+    def hook(_module: torch.nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(output.shape[-2], dtype=torch.float32)
+        factor = 1 + beta * torch.log(1 + torch.floor(positions / orig))
+        return (output.float() * factor[:, None]).to(output.dtype)
+
+    handles = []
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        proj = getattr(attn, "q_b_proj", None) or getattr(attn, "q_proj", None)
+        if proj is None:
+            raise ValueError("llama_4_scaling reference: attention has no q_b_proj/q_proj")
+        handles.append(proj.register_forward_hook(hook))
+    return handles

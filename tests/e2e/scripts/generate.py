@@ -21,6 +21,8 @@ if __name__ == "__main__":
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--min-len", type=int, default=4)
     p.add_argument("--max-len", type=int, default=48)
+    p.add_argument("--check-unscaled-differs", action="store_true",
+                   help="compare with a reference that ignores llama_4_scaling too")
     a = p.parse_args()
 
     from speculators_compat.demo.runner import make_sequences, run_check
@@ -50,10 +52,19 @@ if __name__ == "__main__":
                         for h1, h2 in zip(s["hidden_states"], b["hidden_states"]))
                     for s, b in zip(singles, first))}
 
+    def unscaled(gen, outputs):
+        from speculators_compat.demo.reference import compare, reference_hidden_states
+
+        ref = reference_hidden_states(a.model, [list(s) for s in batches[-1]],
+                                      sorted(set(gen.layer_ids)), apply_llama_4_scaling=False)
+        cmp = compare([r["hidden_states"] for r in outputs[-1]], ref)
+        return {"unscaled_reference_ok": cmp["ok"], "unscaled_min_cosine": cmp["min_cosine"]}
+
+    extra = consistency if a.consistency else (unscaled if a.check_unscaled_differs else None)
     result = run_check(a.model, layer_ids=[int(x) for x in a.layers.split(",")],
                        batches=batches, activate=not a.no_activate,
                        max_model_len=a.max_model_len, generator_kwargs=kwargs,
-                       extra_checks=consistency if a.consistency else None)
+                       extra_checks=extra)
     result["driver_pid"] = os.getpid()
     with open(a.out, "w") as f:
         json.dump(result, f, default=str)

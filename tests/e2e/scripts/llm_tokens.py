@@ -35,4 +35,4 @@ if __name__ == "__main__":
     result["worker_reports"] = llm.collective_rpc(worker_report)
     with open(a.out, "w") as f:
         json.dump(result, f, default=str)
-    os._exit(0)
+    del llm

@@ -1,0 +1,1156 @@
+"""Contract tests: every adapter against the real installed vLLM and speculators.
+
+No mocks: these run inside an environment built by ``tools/envs.py`` (a vLLM CPU
+build, one speculators release on ``PYTHONPATH``) and skip elsewhere. No engine is
+started and no model runs; the only heavy objects are ``VllmConfig``s built from a
+tiny checkpoint, vLLM's own ``Scheduler`` (which needs no worker) and KV-cache configs.
+
+For every adapter in ``speculators_compat.adapters.ADAPTERS`` they check:
+
+1. the probe agrees with an explicit expectation table written from
+   ``/work/shared/UPSTREAM.md`` and the installed versions (a future vLLM that changes
+   shape fails here, loudly), and the adapter's declared ranges agree with it;
+2. apply-then-revert restores every touched namespace to the identical objects, and
+   while active, vLLM's own modules/classes are untouched (only names the report
+   lists changed);
+3. speculators' legacy call shape fails (or is wrong) on the bare release where
+   UPSTREAM.md says so, and works through the adapter's rebound name;
+4. activating everything leaves vLLM's own objects identical, strict mode included.
+
+Every activation here is a fresh ``Activation``; the package-global
+``speculators_compat.activate()`` is never used (it would stay active for the session).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import importlib
+import inspect
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from types import ModuleType
+
+import pytest
+from helpers import checkpoint, installed, require_speculators, vllm_version
+from packaging.version import Version
+
+from speculators_compat import _env, _versions
+from speculators_compat._core import Activation, Adapter, CompatError, Report, Status
+from speculators_compat.adapters import ADAPTERS
+from speculators_compat.adapters.kv_cache_helpers_relocated import KVCacheHelpersRelocated
+from speculators_compat.adapters.transformers5_config_torch import Transformers5ConfigTorch
+
+GEN = "speculators.data_generation.vllm_hidden_states_generator"
+KV_UTILS = "vllm.v1.core.kv_cache_utils"
+TF_CONFIG = "transformers.configuration_utils"
+SPECULATORS_EXTENSION = "speculators.data_generation.custom_worker.HiddenStatesWorkerExtension"
+#: speculators' generator constants (identical in 0.3.0 and 0.4.x on CPU).
+MAX_NUM_SEQS = 32
+MAX_MODEL_LEN = 512
+#: Keys a module namespace may gain from just running code (warnings bookkeeping).
+IGNORED_KEYS = frozenset({"__warningregistry__"})
+
+ADAPTER_NAMES = [a.name for a in ADAPTERS]
+BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
+#: Adapters that must act before ``import speculators`` / the generator import; the
+#: module fixture holds them active, so their own tests suspend it first.
+PRE_IMPORT = ("transformers5_config_torch", "kv_cache_helpers_relocated")
+
+APPLIED, NOT_NEEDED = Status.APPLIED, Status.NOT_NEEDED
+
+
+def V(s: str) -> Version:
+    return Version(s)
+
+
+# --------------------------------------------------------------------------------------
+# The installed environment and the expectation table
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Env:
+    vllm: Version
+    speculators: Version
+    transformers_major: int
+    cpu_platform: bool
+    cuda: bool
+
+    @property
+    def speculators_03(self) -> bool:
+        return V("0.3.0.dev0") <= self.speculators < V("0.4.0.dev0")
+
+    @property
+    def speculators_04(self) -> bool:
+        return V("0.4.0.dev0") <= self.speculators < V("0.5.0.dev0")
+
+    def __str__(self) -> str:
+        return (f"vllm {self.vllm}, speculators {self.speculators}, transformers "
+                f"{self.transformers_major}.x, cpu_platform={self.cpu_platform}, "
+                f"cuda={self.cuda}")
+
+
+def _status(applied: bool) -> Status:
+    return APPLIED if applied else NOT_NEEDED
+
+
+def _cpu_block_size(e: Env) -> Status | None:
+    # Verified against the installed sources:
+    #  0.16: CPUAttentionBackend inherits get_supported_kernel_block_sizes() ==
+    #        [MultipleOf(1)] and _get_attn_isa() has a "vec16" path for block 16;
+    #        supports_block_size(16) is True -> speculators' 16 works.
+    #  0.32: CPUAttentionBackend.get_supported_kernel_block_sizes() == [MultipleOf(32)],
+    #        supports_block_size(16) is False -> 16 is rejected.
+    # The change lies somewhere in 0.17..0.31 (UPSTREAM.md: "0.2x"); not recorded.
+    if not e.cpu_platform:
+        return NOT_NEEDED
+    if e.vllm < V("0.17.0.dev0"):
+        return NOT_NEEDED
+    if e.vllm >= V("0.32.0.dev0"):
+        return APPLIED
+    return None
+
+
+def _kv_engine_sets(e: Env) -> Status:
+    # UPSTREAM.md: layout resolution "~0.29+", KVCacheConfig fields "0.29-0.32";
+    # verified: absent in 0.16, present in 0.32.
+    return _status(e.vllm >= V("0.29.0.dev0"))
+
+
+#: adapter name -> (expected status for an env, or None when no expectation is
+#: recorded for that release; why).
+EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
+    "transformers5_config_torch": (
+        lambda e: _status(e.transformers_major >= 5),
+        "transformers 5 annotates PretrainedConfig.dtype with torch imported only under "
+        "TYPE_CHECKING: `import speculators` raises PydanticUndefinedAnnotation"),
+    "kv_cache_helpers_relocated": (
+        lambda e: _status(e.vllm >= V("0.33.0.dev0")),
+        "0.33 moved _get_kv_cache_groups_uniform_spec & co. to kv_cache_planning"),
+    "scheduler_config_encoder_decoder": (
+        lambda e: _status(e.vllm >= V("0.12.0.dev0")),
+        "SchedulerConfig.is_encoder_decoder is a required InitVar from 0.12"),
+    "scheduling_sync": (
+        lambda e: _status(e.vllm >= V("0.14.0.dev0")),
+        "async_scheduling resolves to True for mp/uni executors from 0.14"),
+    "prefix_caching_off": (
+        lambda e: _status(e.vllm >= V("0.12.0.dev0")),
+        "CacheConfig.enable_prefix_caching defaults to True from 0.12"),
+    "cpu_block_size": (
+        _cpu_block_size,
+        "CPU attention kernels accept MultipleOf(32) only (0.32); 16 worked in 0.16"),
+    "kv_cache_specs_kwarg": (
+        lambda e: _status(e.vllm >= V("0.12.0.dev0")),
+        "get_kv_cache_config_from_groups lost kv_cache_specs= in 0.12"),
+    "kv_cache_config_fields": (
+        _kv_engine_sets,
+        "KVCacheConfig gained engine-set kv_cache_layout/hash_block_size/... (0.29-0.32)"),
+    "no_gpu_kv_sizing": (
+        lambda e: _status(not e.cuda and e.cpu_platform),
+        "speculators sizes the KV cache from CUDA free memory; no CUDA here"),
+    "scheduler_block_size": (
+        lambda e: _status(e.vllm >= V("0.11.1.dev0")),
+        "Scheduler.__init__ requires block_size from 0.11.1"),
+    "scheduler_prefill_only": (
+        # A speculators hazard, not a vLLM change: speculators never calls
+        # update_from_output, so prefilled requests stay `running` on every V1
+        # scheduler (>max_num_seqs sequences never scheduled in 0.4; chunked prompts
+        # aborted mid-prefill in 0.3). Needed on every release the shim supports.
+        lambda e: APPLIED,
+        "speculators' step loop never finishes prefilled requests (all V1 releases)"),
+    "request_eos_token_id": (
+        lambda e: _status(e.vllm >= V("0.17.0.dev0")),
+        "Request.__init__ lost eos_token_id in 0.17"),
+    "kv_cache_layout_resolution": (
+        _kv_engine_sets,
+        "the engine core resolves one KV cache layout before KV configs (~0.29+)"),
+    "executor_sample_tokens": (
+        lambda e: _status(e.vllm >= V("0.11.1.dev0")),
+        "execute_model/sample_tokens two-phase split in 0.11.1"),
+    "collective_rpc_unique_reply": (
+        lambda e: _status(e.vllm >= V("0.11.1.dev0") and e.speculators_03),
+        "unique_reply_rank returns a single result from 0.11.1; only 0.3.x indexes [0]"),
+    "executor_warmup_split": (
+        lambda e: _status(e.vllm >= V("0.27.0.dev0")),
+        "initialize_from_config no longer warms up from 0.27"),
+    "hook_capture": (
+        # 0.3 contract: get_input_embeddings -> embed_input_ids (0.11.1);
+        # 0.4 contract: DeepseekV2 llama_4_scaling (0.12) and Model Runner V2.
+        lambda e: _status(e.vllm >= (V("0.11.1.dev0") if e.speculators_03
+                                     else V("0.12.0.dev0"))),
+        "speculators' copied model forward no longer matches vLLM's models"),
+    "result_order_natural": (
+        lambda e: _status(e.speculators_04),
+        "speculators 0.4.x orders results by request ids sorted as strings"),
+}
+
+
+# --------------------------------------------------------------------------------------
+# Fixtures and helpers
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Base:
+    """What the module fixture holds active so speculators' generator imports."""
+
+    activations: list[Activation]
+    gen: ModuleType
+    env: Env
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Deactivate the pre-import adapters (generator stays imported)."""
+        for act in reversed(self.activations):
+            act.deactivate()
+        try:
+            yield
+        finally:
+            for act in self.activations:
+                act.activate(process="driver")
+
+
+@contextlib.contextmanager
+def activated(*adapters: Adapter, strict: bool = False) -> Iterator[Report]:
+    """A fresh activation over exactly ``adapters``; deactivated on exit."""
+    act = Activation(lambda: list(adapters))
+    report = act.activate(process="driver", strict=strict)
+    try:
+        yield report
+    finally:
+        act.deactivate()
+
+
+def _env_facts() -> Env:
+    import torch
+    from vllm.platforms import current_platform
+
+    tf = _versions.parse(installed("transformers"))
+    return Env(
+        vllm=Version(vllm_version().public),
+        speculators=Version(_versions.parse(installed("speculators")).public),
+        transformers_major=tf.major if tf is not None else 0,
+        cpu_platform=bool(current_platform.is_cpu()),
+        cuda=bool(torch.cuda.is_available()),
+    )
+
+
+@pytest.fixture(scope="module")
+def base() -> Iterator[Base]:
+    require_speculators()
+    # Activation reads these; the suite must not inherit a user's settings.
+    names = (_env.DISABLE, _env.STRICT, _env.REPORT_FILE, _env.ACTIVE)
+    saved = {k: os.environ.pop(k) for k in names if k in os.environ}
+    activations = [Activation(lambda: [Transformers5ConfigTorch()])]
+    activations[0].activate(process="driver")
+    try:
+        try:
+            gen = importlib.import_module(GEN)
+        except ImportError:
+            # vLLM >= 0.33: the generator's own imports need the relocated helpers.
+            activations.append(Activation(lambda: [KVCacheHelpersRelocated()]))
+            activations[-1].activate(process="driver")
+            gen = importlib.import_module(GEN)
+        env = _env_facts()
+        # Warm-up: run every probe once so lazy imports / caches they trigger happen
+        # before any namespace snapshot (they are not changes made by an adapter).
+        with activated(*ADAPTERS):
+            pass
+        yield Base(activations, gen, env)
+    finally:
+        for act in reversed(activations):
+            act.deactivate()
+        for k in names:
+            os.environ.pop(k, None)
+        os.environ.update(saved)
+
+
+@pytest.fixture
+def gen(base: Base) -> ModuleType:
+    return base.gen
+
+
+@contextlib.contextmanager
+def adapter_context(base: Base, name: str) -> Iterator[None]:
+    """Pre-import adapters are probed with the module fixture's copies suspended."""
+    if name in PRE_IMPORT:
+        with base.suspended():
+            yield
+    else:
+        yield
+
+
+def expected_status(name: str, env: Env) -> Status:
+    fn, why = EXPECTED[name]
+    status = fn(env)
+    if status is None:
+        pytest.fail(f"no expectation recorded for {name} on {env}: read the installed "
+                    f"vLLM source and add it to EXPECTED ({why})")
+    return status
+
+
+# -- namespaces -----------------------------------------------------------------------
+
+
+def _vllm_owned() -> dict[str, object]:
+    """vLLM's own modules and classes speculators' generator reaches (and their homes)."""
+    import vllm.config as vc
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.executor.abstract import Executor
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    classes = [Scheduler, Request, vc.SchedulerConfig, vc.CacheConfig, vc.ParallelConfig,
+               vc.ModelConfig, vc.VllmConfig, MultiprocExecutor, Executor, KVCacheConfig,
+               StructuredOutputManager]
+    owned: dict[str, object] = {}
+    for cls in classes:
+        owned[f"{cls.__module__}.{cls.__qualname__}"] = cls
+        owned[cls.__module__] = sys.modules[cls.__module__]
+    for mod in ("vllm.config", KV_UTILS, "vllm.v1.core.sched.scheduler", "vllm.v1.request",
+                "vllm.v1.executor.multiproc_executor", "vllm.sampling_params", "torch",
+                "torch.cuda"):
+        owned[mod] = importlib.import_module(mod)
+    return owned
+
+
+def _consumer_owned(gen: ModuleType) -> dict[str, object]:
+    return {GEN: gen, KV_UTILS: importlib.import_module(KV_UTILS),
+            TF_CONFIG: importlib.import_module(TF_CONFIG)}
+
+
+def snapshot(spaces: dict[str, object]) -> dict[str, dict]:
+    snap = {label: dict(vars(obj)) for label, obj in spaces.items()}
+    snap["os.environ"] = dict(os.environ)
+    return snap
+
+
+def diff(before: dict[str, dict], after: dict[str, dict]) -> set[str]:
+    """``namespace.key`` labels whose binding is not the identical object any more."""
+    changed = set()
+    for label, old in before.items():
+        new = after[label]
+        for key in (old.keys() | new.keys()) - IGNORED_KEYS:
+            if key not in old or key not in new:
+                differs = True
+            elif label == "os.environ":  # os.environ decodes a new str on every read
+                differs = old[key] != new[key]
+            else:
+                differs = old[key] is not new[key]
+            if differs:
+                changed.add(f"os.environ[{key!r}]" if label == "os.environ"
+                            else f"{label}.{key}")
+    return changed
+
+
+def report_changes(report: Report, name: str) -> set[str]:
+    return {c for c in report[name].changes if not c.startswith("os.environ")}
+
+
+# -- vLLM objects built the way speculators builds them --------------------------------
+
+
+def build_vllm_config(*, max_num_batched_tokens: int = 8192, cache_config=None):
+    """``VllmHiddenStatesGenerator._create_vllm_config`` (0.4 shape), from vLLM's own
+    classes, for the tiny llama checkpoint. The KV block size is left to the platform
+    (speculators' hard-coded 16 is the cpu_block_size adapter's business)."""
+    import vllm.config as vc
+
+    ckpt = checkpoint("llama")
+    sched_kwargs = dict(max_num_seqs=MAX_NUM_SEQS, max_model_len=MAX_MODEL_LEN,
+                        max_num_batched_tokens=max_num_batched_tokens)
+    if "is_encoder_decoder" in inspect.signature(vc.SchedulerConfig).parameters:
+        sched_kwargs["is_encoder_decoder"] = False
+    if cache_config is None:
+        cache_config = vc.CacheConfig(gpu_memory_utilization=0.8, enable_prefix_caching=False)
+    return vc.VllmConfig(
+        model_config=vc.ModelConfig(model=ckpt, tokenizer=ckpt, trust_remote_code=True,
+                                    dtype="auto", max_model_len=MAX_MODEL_LEN,
+                                    enforce_eager=True),
+        cache_config=cache_config,
+        parallel_config=vc.ParallelConfig(tensor_parallel_size=1,
+                                          worker_extension_cls=SPECULATORS_EXTENSION),
+        scheduler_config=vc.SchedulerConfig(**sched_kwargs),
+        device_config=vc.DeviceConfig(),
+        load_config=vc.LoadConfig(),
+    )
+
+
+def kv_groups(cfg) -> list:
+    """One full-attention group shaped like the checkpoint's layers (what the worker's
+    ``get_kv_cache_spec`` would report, without starting a worker)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
+
+    mc = cfg.model_config
+    spec = FullAttentionSpec(block_size=cfg.cache_config.block_size,
+                             num_kv_heads=mc.get_num_kv_heads(cfg.parallel_config),
+                             head_size=mc.get_head_size(), dtype=mc.dtype)
+    n_layers = mc.get_num_layers(cfg.parallel_config)
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(n_layers)]
+    return [KVCacheGroupSpec(names, spec)]
+
+
+def has_engine_level_layout() -> bool:
+    try:
+        from vllm.v1.attention.backends.utils import resolve_kv_cache_layout  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_layout_like_engine_core(cfg, groups) -> None:
+    """EngineCore._initialize_kv_caches' layout step (0.29+), in this process, with the
+    layouts the CPU workers would report (``get_supported_kv_cache_layouts`` over the
+    CPU attention backend). The kv_cache_layout_resolution adapter does the same
+    through the executor's RPCs."""
+    if not has_engine_level_layout():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    from vllm.v1.attention.backends.utils import (
+        get_supported_kv_cache_layouts,
+        resolve_kv_cache_layout,
+    )
+
+    names = [layout.name for layout in get_supported_kv_cache_layouts([CPUAttentionBackend])]
+    resolve_kv_cache_layout(cfg, [names], [g.kv_cache_spec for g in groups])
+
+
+@pytest.fixture(scope="module")
+def vllm_config(base):
+    """A config whose KV layout is not resolved (as speculators leaves it)."""
+    return build_vllm_config()
+
+
+def resolved_config(**kw):
+    cfg = build_vllm_config(**kw)
+    resolve_layout_like_engine_core(cfg, kv_groups(cfg))
+    return cfg
+
+
+def kv_config_for(cfg, num_blocks: int = 64):
+    """A KV config with ``num_blocks`` blocks, from vLLM's own function."""
+    from vllm.v1.core import kv_cache_utils
+
+    groups = kv_groups(cfg)
+    page = groups[0].kv_cache_spec.page_size_bytes * len(groups[0].layer_names)
+    kvc = kv_cache_utils.get_kv_cache_config_from_groups(
+        vllm_config=cfg, kv_cache_groups=groups, available_memory=page * num_blocks)
+    assert kvc.num_blocks == num_blocks, kvc
+    cfg.cache_config.num_gpu_blocks = kvc.num_blocks  # as speculators does
+    return kvc
+
+
+def make_request(rid: str, n_tokens: int):
+    """A ``Request`` as speculators builds one, through vLLM's own class."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    kwargs = dict(request_id=rid, prompt_token_ids=list(range(1, n_tokens + 1)),
+                  sampling_params=SamplingParams(max_tokens=1, temperature=0.0),
+                  pooling_params=None, arrival_time=0.0)
+    if "eos_token_id" in inspect.signature(Request).parameters:
+        kwargs["eos_token_id"] = 2
+    return Request(**kwargs)
+
+
+def new_scheduler(scheduler_cls, cfg, kvc):
+    """``Scheduler(...)`` as the engine core would build it for this release (block
+    sizes given explicitly, so the scheduling loops below test only the loop)."""
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from speculators_compat.adapters.kv_cache_config_fields import block_sizes
+
+    params = inspect.signature(scheduler_cls).parameters
+    kwargs = {}
+    if "block_size" in params:
+        kwargs["block_size"], hash_bs = block_sizes(kvc, cfg)
+        if "hash_block_size" in params and hash_bs is not None:
+            kwargs["hash_block_size"] = hash_bs
+    return scheduler_cls(vllm_config=cfg, kv_cache_config=kvc,
+                         structured_output_manager=StructuredOutputManager(vllm_config=cfg),
+                         **kwargs)
+
+
+def drive_like_speculators_03(sched) -> Counter:
+    """speculators 0.3.0's ``generate()`` step loop (executor call elided): prompt
+    tokens scheduled per request."""
+    from vllm.v1.request import RequestStatus
+
+    scheduled: Counter = Counter()
+    while (so := sched.schedule()).total_num_scheduled_tokens > 0:
+        scheduled.update(so.num_scheduled_tokens)
+        for req_id in so.num_scheduled_tokens:
+            sched.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
+    return scheduled
+
+
+def drive_like_speculators_04(sched, prompt_lens: dict[str, int]) -> Counter:
+    """speculators 0.4.x's ``generate()`` step loop (executor calls elided): prefill
+    tokens it attributes per request."""
+    from vllm.v1.request import RequestStatus
+
+    computed = dict.fromkeys(prompt_lens, 0)
+    captured: Counter = Counter()
+    all_prefill_complete = False
+    while (so := sched.schedule()).total_num_scheduled_tokens > 0 and not all_prefill_complete:
+        for req_id, n in so.num_scheduled_tokens.items():
+            captured[req_id] += max(0, min(n, prompt_lens[req_id] - computed[req_id]))
+            computed[req_id] += n
+        all_prefill_complete = all(computed[r] >= prompt_lens[r] for r in prompt_lens)
+    sched.finish_requests(list(prompt_lens), RequestStatus.FINISHED_ABORTED)
+    return captured
+
+
+# --------------------------------------------------------------------------------------
+# 0. The table covers the registry
+# --------------------------------------------------------------------------------------
+
+
+def test_every_adapter_has_an_expectation_and_a_legacy_check():
+    assert set(EXPECTED) == set(ADAPTER_NAMES), (
+        "adapters without an expectation: " f"{sorted(set(ADAPTER_NAMES) - set(EXPECTED))}; "
+        f"stale expectations: {sorted(set(EXPECTED) - set(ADAPTER_NAMES))}")
+    assert set(LEGACY) == set(ADAPTER_NAMES), sorted(set(ADAPTER_NAMES) ^ set(LEGACY))
+    assert len(ADAPTER_NAMES) == len(set(ADAPTER_NAMES)), "duplicate adapter names"
+
+
+# --------------------------------------------------------------------------------------
+# 1. Probe agrees with the release
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ADAPTER_NAMES)
+def test_probe_agrees_with_release(base: Base, name: str):
+    adapter = BY_NAME[name]
+    want = expected_status(name, base.env)
+    with adapter_context(base, name), activated(adapter) as report:
+        got = report[name]
+    assert got.status is want, (
+        f"{name}: probe says {got.status.value} ({got.reason}); expected {want.value} on "
+        f"{base.env}: {EXPECTED[name][1]}")
+    assert got.reason, "every verdict must say why"
+    if got.status is APPLIED:
+        assert got.changes, f"{name} applied but recorded no change"
+        if adapter.vllm_range is not None:
+            assert _versions.in_range(base.env.vllm, adapter.vllm_range), (
+                f"{name} applied on vllm {base.env.vllm}, outside its declared vllm_range "
+                f"{adapter.vllm_range!r}")
+        if adapter.speculators_range is not None:
+            assert _versions.in_range(base.env.speculators, adapter.speculators_range), (
+                f"{name} applied on speculators {base.env.speculators}, outside "
+                f"{adapter.speculators_range!r}")
+    else:
+        assert got.changes == []
+
+
+# --------------------------------------------------------------------------------------
+# 2. Apply then revert restores identity; vLLM's own objects untouched while active
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ADAPTER_NAMES)
+def test_apply_then_revert_restores_identity(base: Base, name: str):
+    adapter = BY_NAME[name]
+    with adapter_context(base, name):
+        spaces = {**_vllm_owned(), **_consumer_owned(base.gen)}
+        before = snapshot(spaces)
+        act = Activation(lambda: [adapter])
+        report = act.activate(process="driver")
+        try:
+            during = snapshot(spaces)
+            changed = {c for c in diff(before, during) if not c.startswith("os.environ")}
+            listed = report_changes(report, name)
+            if report[name].status is APPLIED:
+                assert changed, f"{name} applied but no namespace changed"
+            else:
+                assert not changed, f"{name} is {report[name].status.value} but changed {changed}"
+            # Exactly what the report lists changed: nothing else, in particular no
+            # attribute of vLLM's own classes or modules (except names added by
+            # kv_cache_helpers_relocated, which the report lists).
+            assert changed == listed, f"changed {sorted(changed)}; report lists {sorted(listed)}"
+            vllm_labels = {c for c in changed if not c.startswith((GEN + ".", TF_CONFIG + "."))}
+            if name != "kv_cache_helpers_relocated":
+                assert not vllm_labels, f"{name} changed vLLM's own objects: {vllm_labels}"
+            for label in vllm_labels:
+                assert label.rsplit(".", 1)[0] == KV_UTILS and label not in {
+                    f"{KV_UTILS}.{k}" for k in before[KV_UTILS]}, f"{label} is not an addition"
+        finally:
+            act.deactivate()
+        after = snapshot(spaces)
+    assert diff(before, after) == set(), f"{name} left changes after deactivate()"
+    for label in before:
+        assert before[label].keys() - IGNORED_KEYS == after[label].keys() - IGNORED_KEYS, label
+
+
+# --------------------------------------------------------------------------------------
+# 3. Legacy call shapes through the adapters
+# --------------------------------------------------------------------------------------
+
+LEGACY: dict[str, Callable] = {}
+
+
+def legacy(name: str):
+    def register(fn):
+        LEGACY[name] = fn
+        return fn
+
+    return register
+
+
+@pytest.mark.parametrize("name", ADAPTER_NAMES)
+def test_legacy_call_shape(base: Base, vllm_config, name: str):
+    LEGACY[name](base, base.gen, vllm_config, BY_NAME[name])
+
+
+@contextlib.contextmanager
+def one(base: Base, adapter: Adapter) -> Iterator[bool]:
+    """``with one(base, adapter) as applied``: active, status checked against the table."""
+    with activated(adapter) as report:
+        status = report[adapter.name].status
+        assert status is expected_status(adapter.name, base.env), report[adapter.name]
+        yield status is APPLIED
+
+
+@legacy("transformers5_config_torch")
+def _legacy_transformers5(base, gen, cfg, adapter):
+    import speculators.config as sc
+
+    def define_config():
+        # What speculators' modules do at import: subclass SpeculatorModelConfig (a
+        # pydantic model over transformers' PretrainedConfig) and build its schema.
+        class CompatContractConfig(sc.SpeculatorModelConfig):
+            pass
+
+        CompatContractConfig.model_rebuild(force=True)
+        return CompatContractConfig
+
+    with base.suspended():
+        if base.env.transformers_major >= 5:
+            from pydantic.errors import PydanticUndefinedAnnotation
+
+            with pytest.raises(PydanticUndefinedAnnotation, match="torch"):
+                define_config()
+        else:
+            define_config()
+        with one(base, adapter) as applied:
+            assert applied == (base.env.transformers_major >= 5)
+            define_config()
+            if applied:
+                import torch
+
+                assert importlib.import_module(TF_CONFIG).torch is torch
+        assert "torch" not in vars(importlib.import_module(TF_CONFIG)) or not applied
+
+
+@legacy("kv_cache_helpers_relocated")
+def _legacy_helpers_relocated(base, gen, cfg, adapter):
+    from speculators_compat.adapters.kv_cache_helpers_relocated import NAMES, NEW
+
+    # The names speculators' generator imports from kv_cache_utils (0.3: first three;
+    # 0.4 adds the block hasher helpers).
+    wanted = ["_get_kv_cache_groups_uniform_spec", "get_kv_cache_config_from_groups",
+              "unify_hybrid_kv_cache_specs"]
+    if base.env.speculators_04:
+        wanted += ["get_request_block_hasher", "init_none_hash"]
+    assert set(wanted) <= set(NAMES)
+    with base.suspended():
+        utils = importlib.import_module(KV_UTILS)
+        missing = [n for n in wanted if not hasattr(utils, n)]
+        assert bool(missing) == (base.env.vllm >= V("0.33.0.dev0")), missing
+        with one(base, adapter) as applied:
+            assert applied == bool(missing)
+            for n in wanted:  # `from vllm.v1.core.kv_cache_utils import <n>` works
+                assert getattr(utils, n) is getattr(gen, n)
+            if applied:
+                new = importlib.import_module(NEW)
+                assert all(getattr(utils, n) is getattr(new, n) for n in missing)
+        assert [n for n in wanted if not hasattr(utils, n)] == missing
+
+
+SCHEDULER_CONFIG_03 = dict(max_num_seqs=32, max_model_len=512, max_num_batched_tokens=8192)
+
+
+@legacy("scheduler_config_encoder_decoder")
+def _legacy_scheduler_config(base, gen, cfg, adapter):
+    needed = base.env.vllm >= V("0.12.0.dev0")
+    if needed:
+        # UPSTREAM.md: "ValidationError ... SchedulerConfig ... is_encoder_decoder Field
+        # required" (speculators 0.3.0 on 0.12+).
+        with pytest.raises(Exception, match=r"(?s)is_encoder_decoder.*Field required"):
+            gen.SchedulerConfig(**SCHEDULER_CONFIG_03)
+    with one(base, adapter) as applied:
+        sc = gen.SchedulerConfig(**SCHEDULER_CONFIG_03)
+        assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (32, 8192)
+        # 0.4.x's call (passes it itself) is unaffected.
+        gen.SchedulerConfig(**SCHEDULER_CONFIG_03, is_encoder_decoder=False)
+    assert applied == needed
+
+
+@legacy("scheduling_sync")
+def _legacy_scheduling_sync(base, gen, cfg, adapter):
+    params = inspect.signature(gen.SchedulerConfig).parameters
+    assert "async_scheduling" in params
+    call = dict(SCHEDULER_CONFIG_03, is_encoder_decoder=False)
+    # 0.14+: the field is unresolved (None -> True for mp/uni executors) by default.
+    assert params["async_scheduling"].default in (None, True)
+    assert gen.SchedulerConfig(**call).async_scheduling is not False
+    with one(base, adapter) as applied:
+        assert applied
+        assert gen.SchedulerConfig(**call).async_scheduling is False
+        # a caller's explicit choice wins
+        assert gen.SchedulerConfig(**call, async_scheduling=True).async_scheduling is True
+
+
+@legacy("prefix_caching_off")
+def _legacy_prefix_caching(base, gen, cfg, adapter):
+    call = dict(block_size=16, gpu_memory_utilization=0.8)  # speculators 0.3.0's call
+    assert gen.CacheConfig(**call).enable_prefix_caching is True  # 0.12+ default
+    with one(base, adapter) as applied:
+        assert applied
+        assert gen.CacheConfig(**call).enable_prefix_caching is False
+        assert gen.CacheConfig(**call, enable_prefix_caching=True).enable_prefix_caching
+    assert gen.CacheConfig(**call).enable_prefix_caching is True
+
+
+@legacy("cpu_block_size")
+def _legacy_cpu_block_size(base, gen, cfg, adapter):
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    call = dict(block_size=16, gpu_memory_utilization=0.8, enable_prefix_caching=False)
+    plain = build_vllm_config(cache_config=gen.CacheConfig(**call))
+    assert plain.cache_config.block_size == 16  # speculators' 16 is kept by the platform
+    accepts_16 = CPUAttentionBackend.supports_block_size(16)
+    with one(base, adapter) as applied:
+        assert applied == (not accepts_16)
+        shimmed = build_vllm_config(cache_config=gen.CacheConfig(**call))
+        final = shimmed.cache_config.block_size
+        if applied:
+            # The hard-coded 16 is dropped: the platform picks a size its attention
+            # backend accepts (0.32: 128).
+            assert getattr(shimmed.cache_config, "user_specified_block_size", False) is False
+            assert final != 16
+        else:
+            assert final == 16
+        assert CPUAttentionBackend.supports_block_size(final), final
+
+
+@legacy("kv_cache_specs_kwarg")
+def _legacy_kv_cache_specs(base, gen, cfg, adapter):
+    call = dict(vllm_config=cfg, kv_cache_groups=[], kv_cache_specs={}, available_memory=0)
+    needed = base.env.vllm >= V("0.12.0.dev0")
+    if needed:
+        with pytest.raises(TypeError, match="unexpected keyword argument 'kv_cache_specs'"):
+            gen.get_kv_cache_config_from_groups(**call)
+    with one(base, adapter) as applied:
+        kvc = gen.get_kv_cache_config_from_groups(**call)
+        assert kvc.num_blocks == 1 and kvc.kv_cache_groups == []  # attention-free result
+    assert applied == needed
+
+
+@legacy("kv_cache_config_fields")
+def _legacy_kv_cache_config_fields(base, gen, cfg, adapter):
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    from speculators_compat.adapters.kv_cache_config_fields import FIELDS
+
+    present = {f.name for f in dataclasses.fields(KVCacheConfig)} & set(FIELDS)
+    rcfg = resolved_config()
+    groups = kv_groups(rcfg)
+    call = dict(vllm_config=rcfg, kv_cache_groups=groups, available_memory=1 << 24)
+    plain = gen.get_kv_cache_config_from_groups(**call)
+    with one(base, adapter) as applied:
+        assert applied == bool(present)
+        filled = gen.get_kv_cache_config_from_groups(**call)
+    assert filled.num_blocks == plain.num_blocks
+    if not applied:
+        return
+    # What EngineCore._initialize_kv_caches sets (0.32: kv_cache_layout from the cache
+    # config; hash_block_size / cache_hit_alignment_tokens from resolve_* helpers).
+    assert all(getattr(plain, f) is None for f in present), plain
+    utils = importlib.import_module(KV_UTILS)
+    assert filled.kv_cache_layout == rcfg.cache_config.kv_cache_layout is not None
+    sched_bs, hash_bs = utils.resolve_kv_cache_block_sizes(filled, rcfg)
+    assert filled.hash_block_size == hash_bs is not None
+    assert filled.cache_hit_alignment_tokens == utils.resolve_cache_hit_alignment_tokens(
+        filled, rcfg, sched_bs, hash_bs)
+
+
+@legacy("no_gpu_kv_sizing")
+def _legacy_no_gpu_kv_sizing(base, gen, cfg, adapter):
+    import torch
+
+    from speculators_compat.adapters.no_gpu_kv_sizing import cpu_kv_budget
+
+    real_mem_get_info = torch.cuda.mem_get_info
+    rcfg = resolved_config()
+    groups = kv_groups(rcfg)
+    utils = importlib.import_module(KV_UTILS)
+    if base.env.speculators_03:
+        # 0.3.0: free_memory, _ = torch.cuda.mem_get_info() -> no NVIDIA driver
+        with pytest.raises((RuntimeError, AssertionError)):
+            gen.torch.cuda.mem_get_info()
+    else:
+        assert gen.mem_get_info() == (0, 0)  # 0.4's own helper without an accelerator
+    # ...and with 0 free bytes the KV cache gets 0 blocks (then `num_gpu_blocks > 0`).
+    call = dict(vllm_config=rcfg, kv_cache_groups=groups, available_memory=int(0 * 0.8 * 0.2))
+    assert gen.get_kv_cache_config_from_groups(**call).num_blocks == 0
+    with one(base, adapter) as applied:
+        assert applied
+        if base.env.speculators_03:
+            assert gen.torch.cuda.mem_get_info() == (0, 0)
+            assert gen.torch.cuda.is_available() is torch.cuda.is_available()
+            assert gen.torch.float32 is torch.float32 and gen.torch.tensor is torch.tensor
+        else:
+            assert gen.mem_get_info() == (0, 0)
+        sized = gen.get_kv_cache_config_from_groups(**call)
+        direct = utils.get_kv_cache_config_from_groups(
+            vllm_config=rcfg, kv_cache_groups=groups, available_memory=cpu_kv_budget(rcfg))
+        assert sized.num_blocks == direct.num_blocks > 0
+        # only speculators' module sees the proxy
+        assert sys.modules["torch"] is torch and torch.cuda.mem_get_info is real_mem_get_info
+    assert gen.torch is torch
+
+
+@legacy("scheduler_block_size")
+def _legacy_scheduler_block_size(base, gen, cfg, adapter):
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from speculators_compat.adapters.kv_cache_config_fields import block_sizes
+
+    rcfg = resolved_config()
+    kvc = kv_config_for(rcfg)
+    som = StructuredOutputManager(vllm_config=rcfg)
+    call_03 = dict(vllm_config=rcfg, kv_cache_config=kvc, structured_output_manager=som)
+    # UPSTREAM.md: "Scheduler.__init__() missing 1 required positional argument:
+    # 'block_size'" (0.3.0 on 0.11.1+).
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'block_size'"):
+        gen.Scheduler(**call_03)
+    # What this release's engine core passes.
+    utils = importlib.import_module(KV_UTILS)
+    if hasattr(utils, "resolve_kv_cache_block_sizes"):
+        engine_bs, engine_hash = utils.resolve_kv_cache_block_sizes(kvc, rcfg)
+    else:
+        pc = rcfg.parallel_config
+        engine_bs = (rcfg.cache_config.block_size * pc.decode_context_parallel_size
+                     * pc.prefill_context_parallel_size)
+        engine_hash = None
+    assert block_sizes(kvc, rcfg) == (engine_bs, engine_hash)
+    with one(base, adapter) as applied:
+        assert applied
+        s03 = gen.Scheduler(**call_03)
+        s04 = gen.Scheduler(**call_03, block_size=16)  # 0.4.x passes its hard-coded 16
+    for s in (s03, s04):
+        assert isinstance(s, importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler)
+        assert s.block_size == engine_bs
+        if engine_hash is not None:
+            assert s.hash_block_size == engine_hash
+
+
+@legacy("scheduler_prefill_only")
+def _legacy_scheduler_prefill_only(base, gen, cfg, adapter):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    def run(scheduler_cls, loop: str, prompt_lens: dict[str, int], **cfg_kw) -> Counter:
+        rcfg = resolved_config(**cfg_kw)
+        sched = new_scheduler(scheduler_cls, rcfg, kv_config_for(rcfg))
+        for rid, n in prompt_lens.items():
+            sched.add_request(make_request(rid, n))
+        if loop == "0.3":
+            return drive_like_speculators_03(sched)
+        return drive_like_speculators_04(sched, prompt_lens)
+
+    many = {f"req_0_{i}": 3 for i in range(MAX_NUM_SEQS + 8)}  # 40 > max_num_seqs
+    chunked = {"req_0_0": 100, "req_0_1": 5}  # 100 > max_num_batched_tokens (64)
+
+    # Upstream hazards on the bare scheduler (silent data loss):
+    got = run(Scheduler, "0.4", many)
+    assert sorted(got) == sorted(list(many)[:MAX_NUM_SEQS]), "0.4: only 32 of 40 scheduled"
+    got = run(Scheduler, "0.3", chunked, max_num_batched_tokens=64)
+    assert got["req_0_0"] == 64, f"0.3: chunked prompt aborted mid-prefill ({got})"
+
+    with one(base, adapter) as applied:
+        assert applied
+        shim = gen.Scheduler
+        assert issubclass(shim, Scheduler) and shim is not Scheduler
+        for loop in ("0.3", "0.4"):
+            assert run(shim, loop, many) == Counter(many), loop
+            assert run(shim, loop, chunked, max_num_batched_tokens=64) == Counter(chunked), loop
+
+
+@legacy("request_eos_token_id")
+def _legacy_request_eos(base, gen, cfg, adapter):
+    from vllm.sampling_params import SamplingParams
+
+    def call():
+        kwargs = dict(request_id="req_0_0", prompt_token_ids=[1, 2, 3],
+                      sampling_params=SamplingParams(max_tokens=1, temperature=0.0),
+                      pooling_params=None, eos_token_id=2, arrival_time=0.0)
+        if base.env.speculators_04:
+            kwargs["block_hasher"] = None  # 0.4 passes its block hasher too
+        return gen.Request(**kwargs)
+
+    needed = base.env.vllm >= V("0.17.0.dev0")
+    if needed:
+        # UPSTREAM.md: "Request.__init__() got an unexpected keyword argument
+        # 'eos_token_id'" (0.3/0.4 on 0.17+).
+        with pytest.raises(TypeError, match="unexpected keyword argument 'eos_token_id'"):
+            call()
+    else:
+        call()
+    with one(base, adapter) as applied:
+        req = call()
+        assert req.request_id == "req_0_0" and list(req.prompt_token_ids) == [1, 2, 3]
+        assert isinstance(req, importlib.import_module("vllm.v1.request").Request)
+    assert applied == needed
+
+
+@legacy("kv_cache_layout_resolution")
+def _legacy_kv_cache_layout(base, gen, cfg, adapter):
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    fresh = build_vllm_config()  # layout not resolved, as speculators leaves it
+    groups = kv_groups(fresh)
+    call = dict(vllm_config=fresh, kv_cache_groups=groups, available_memory=1 << 24)
+    needed = has_engine_level_layout()
+    if needed:
+        # UPSTREAM.md: "ValueError: KV cache layout has not been resolved yet" (0.32).
+        with pytest.raises(ValueError, match="KV cache layout has not been resolved yet"):
+            gen.get_kv_cache_config_from_groups(**call)
+        # The sequence the adapter replays (what EngineCore does) exists as it expects.
+        from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+
+        assert list(inspect.signature(resolve_kv_cache_layout).parameters)[:3] == [
+            "vllm_config", "supported_layouts", "kv_cache_specs"]
+        for meth in ("get_kv_cache_specs", "get_supported_kv_cache_layouts",
+                     "set_kv_cache_layout"):
+            assert callable(getattr(MultiprocExecutor, meth)), meth
+        from vllm.v1.core.single_type_kv_cache_manager import (  # noqa: F401
+            register_all_kvcache_specs,
+        )
+        # ...and, replayed in this process, makes speculators' call work.
+        resolve_layout_like_engine_core(fresh, groups)
+        assert gen.get_kv_cache_config_from_groups(**call).num_blocks > 0
+    else:
+        assert gen.get_kv_cache_config_from_groups(**call).num_blocks > 0
+    with one(base, adapter) as applied:
+        assert applied == needed
+        _check_executor_shim(gen, MultiprocExecutor, applied, {"__init__"})
+
+
+def _check_executor_shim(gen, vllm_cls, applied: bool, overrides: set[str]) -> None:
+    """The rebound executor is a thin subclass of vLLM's (isinstance-compatible) that
+    overrides exactly ``overrides``; vLLM's own class object is untouched."""
+    mod = importlib.import_module("vllm.v1.executor.multiproc_executor")
+    assert mod.MultiprocExecutor is vllm_cls
+    if not applied:
+        assert gen.MultiprocExecutor is vllm_cls
+        return
+    shim = gen.MultiprocExecutor
+    assert shim is not vllm_cls and issubclass(shim, vllm_cls)
+    own = {k for k, v in vars(shim).items() if callable(v)}
+    assert own == overrides, own
+    for k in overrides:
+        assert vars(shim)[k] is not vars(vllm_cls).get(k)
+
+
+@legacy("executor_sample_tokens")
+def _legacy_executor_sample_tokens(base, gen, cfg, adapter):
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    # Upstream shape this adapter was written for (0.11.1+): two phases.
+    assert list(inspect.signature(MultiprocExecutor.execute_model).parameters)[:2] == [
+        "self", "scheduler_output"]
+    assert list(inspect.signature(MultiprocExecutor.sample_tokens).parameters)[:2] == [
+        "self", "grammar_output"]
+    src = inspect.getsource(gen)
+    # 0.3.0 never completes a step; 0.4 calls sample_tokens itself.
+    assert ("sample_tokens(" in src) == base.env.speculators_04
+    with one(base, adapter) as applied:
+        _check_executor_shim(gen, MultiprocExecutor, applied,
+                             {"execute_model", "sample_tokens"})
+
+
+@legacy("collective_rpc_unique_reply")
+def _legacy_collective_rpc(base, gen, cfg, adapter):
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    from speculators_compat.adapters.collective_rpc_unique_reply import (
+        SPECULATORS_LIST_REPLY_METHODS,
+        returns_single_result,
+    )
+
+    assert returns_single_result(MultiprocExecutor) is True
+    assert "unique_reply_rank" in inspect.signature(MultiprocExecutor.collective_rpc).parameters
+    src = inspect.getsource(gen)
+    assert '"_get_captured_states",\n            unique_reply_rank=0' in src
+    # 0.3.0 indexes the reply ([0]); 0.4 uses it as the dict it is.
+    assert ("captured_states_list[0]" in src) == base.env.speculators_03
+    assert SPECULATORS_LIST_REPLY_METHODS == {"_get_captured_states"}
+    with one(base, adapter) as applied:
+        _check_executor_shim(gen, MultiprocExecutor, applied, {"collective_rpc"})
+        # vLLM's own executor keeps the single-result convention.
+        assert returns_single_result(MultiprocExecutor) is True
+
+
+@legacy("executor_warmup_split")
+def _legacy_executor_warmup(base, gen, cfg, adapter):
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    split = base.env.vllm >= V("0.27.0.dev0")
+    init_src = inspect.getsource(MultiprocExecutor.initialize_from_config)
+    engine_src = inspect.getsource(EngineCore._initialize_kv_caches)
+    if split:
+        assert hasattr(MultiprocExecutor, "compile_or_warm_up_model")
+        assert "compile_or_warm_up_model" not in init_src
+        # the engine core warms up separately, after initialize_from_config
+        assert (engine_src.index("initialize_from_config(")
+                < engine_src.index("compile_or_warm_up_model("))
+    else:
+        assert "compile_or_warm_up_model" in init_src
+    assert "compile_or_warm_up_model" not in inspect.getsource(gen)
+    with one(base, adapter) as applied:
+        assert applied == split
+        _check_executor_shim(gen, MultiprocExecutor, applied, {"initialize_from_config"})
+
+
+@legacy("hook_capture")
+def _legacy_hook_capture(base, gen, cfg, adapter):
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2DecoderLayer
+    from vllm.model_executor.models.llama import LlamaModel
+
+    from speculators_compat import worker_extension
+
+    # Upstream facts behind the verdict.
+    assert not hasattr(LlamaModel, "get_input_embeddings")  # 0.11.1 rename
+    assert hasattr(LlamaModel, "embed_input_ids")
+    assert "llama_4_scaling" in inspect.signature(DeepseekV2DecoderLayer.forward).parameters
+    assert SPECULATORS_EXTENSION in inspect.getsource(gen)
+
+    call = dict(tensor_parallel_size=1, worker_extension_cls=SPECULATORS_EXTENSION)
+    assert gen.ParallelConfig(**call).worker_extension_cls == SPECULATORS_EXTENSION
+    contract = "list" if base.env.speculators_03 else "by_request"
+    with one(base, adapter) as applied:
+        assert applied
+        pc = gen.ParallelConfig(**call)
+        assert pc.worker_extension_cls == worker_extension.EXTENSIONS[contract]
+        module, _, cls = pc.worker_extension_cls.rpartition(".")
+        assert isinstance(getattr(importlib.import_module(module), cls), type)
+        # other extensions are left alone
+        other = gen.ParallelConfig(tensor_parallel_size=1, worker_extension_cls="a.B")
+        assert other.worker_extension_cls == "a.B"
+        with pytest.raises(CompatError, match="pipeline_parallel_size=2"):
+            gen.ParallelConfig(**call, pipeline_parallel_size=2)
+        assert isinstance(pc, importlib.import_module("vllm.config").ParallelConfig)
+
+
+@legacy("result_order_natural")
+def _legacy_result_order(base, gen, cfg, adapter):
+    ids = [f"req_0_{i}" for i in range(12)]
+    # speculators' module looks `sorted` up in its globals, then builtins.
+    assert "sorted" not in vars(gen)
+    src = inspect.getsource(gen)
+    assert ("sorted(request_id_to_idx.keys())" in src) == base.env.speculators_04
+    # The upstream bug: string order puts req_0_10 and req_0_11 before req_0_2.
+    assert builtins.sorted(ids)[:4] == ["req_0_0", "req_0_1", "req_0_10", "req_0_11"]
+    with one(base, adapter) as applied:
+        if not applied:
+            assert "sorted" not in vars(gen)
+            return
+        s = gen.sorted
+        assert s(reversed(ids)) == ids  # numeric: req_0_2 before req_0_10
+        assert s(["req_0_10", "req_0_2"]) == ["req_0_2", "req_0_10"]
+        assert s(["req_1_0", "req_0_10"]) == ["req_0_10", "req_1_0"]
+        assert s(ids, reverse=True) == ids[::-1]
+        assert s({f"req_3_{i}": i for i in (10, 2, 1)}.keys()) == ["req_3_1", "req_3_2",
+                                                                   "req_3_10"]
+        # Anything else sorts exactly as builtins.sorted does.
+        for items, kw in [
+            (["req_0_10", "req_0_2", "x"], {}),
+            (["b", "a", "c"], {}),
+            (["b", "a", "c"], {"reverse": True}),
+            ([3, 1, 2], {}),
+            ([], {}),
+            (ids, {"key": len}),
+            (["req_0_10", "req_0_2"], {"key": str.lower}),
+            (["Req_0_10", "Req_0_2"], {}),
+            (["req_0_10 ", "req_0_2"], {}),
+            ([(2, "a"), (1, "b")], {}),
+        ]:
+            assert s(iter(items), **kw) == builtins.sorted(items, **kw), (items, kw)
+        with pytest.raises(TypeError):
+            s([1, "a"])
+        with pytest.raises(TypeError):
+            s([1, 2], lambda x: x)  # key is keyword-only, as in builtins.sorted
+    assert "sorted" not in vars(gen)
+
+
+# --------------------------------------------------------------------------------------
+# 4. Everything at once: vLLM's own objects identical, strict mode quiet
+# --------------------------------------------------------------------------------------
+
+
+def test_all_adapters_leave_vllm_untouched(base: Base):
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+    from vllm.v1.request import Request
+
+    with base.suspended():
+        vllm_spaces = _vllm_owned()
+        spaces = {**vllm_spaces, **_consumer_owned(base.gen)}
+        before = snapshot(spaces)
+        with activated(*ADAPTERS) as report:
+            statuses = {r.name: r.status for r in report.results}
+            assert statuses == {n: expected_status(n, base.env) for n in ADAPTER_NAMES}
+            assert not report.problems
+            during = snapshot(spaces)
+            added_by_report = report_changes(report, "kv_cache_helpers_relocated")
+            vllm_changed = {c for c in diff(before, during)
+                            if c.rsplit(".", 1)[0] in vllm_spaces}
+            assert vllm_changed == added_by_report, sorted(vllm_changed)
+            assert all(c.rsplit(".", 1)[1] not in before[KV_UTILS] for c in added_by_report)
+            listed = set().union(*(report_changes(report, n) for n in ADAPTER_NAMES))
+            assert {c for c in diff(before, during) if not c.startswith("os.environ")} == listed
+            # vLLM's own engine sees vLLM's classes; speculators sees subclasses.
+            mod = importlib.import_module
+            assert mod("vllm.v1.core.sched.scheduler").Scheduler is Scheduler
+            assert mod("vllm.v1.executor.multiproc_executor").MultiprocExecutor is MultiprocExecutor
+            assert mod("vllm.v1.request").Request is Request
+            gen = base.gen
+            assert issubclass(gen.MultiprocExecutor, MultiprocExecutor)
+            assert issubclass(gen.Scheduler, Scheduler)
+            # one thin subclass per applied adapter that rebinds the name, stacked in
+            # registry order (the last one outermost)
+            executor_shims = [n for n in ("kv_cache_layout_resolution", "executor_sample_tokens",
+                                          "collective_rpc_unique_reply", "executor_warmup_split")
+                              if statuses[n] is APPLIED]
+            mro = gen.MultiprocExecutor.__mro__
+            assert mro[len(executor_shims)] is MultiprocExecutor
+            assert [c.__qualname__.rsplit(":", 1)[-1].rstrip("]")
+                    for c in mro[:len(executor_shims)]] == executor_shims[::-1]
+            sched_shims = [n for n in ("scheduler_block_size", "scheduler_prefill_only")
+                           if statuses[n] is APPLIED]
+            assert gen.Scheduler.__mro__[len(sched_shims)] is Scheduler
+        after = snapshot(spaces)
+    assert diff(before, after) == set()
+
+
+def test_strict_activation_raises_nothing(base: Base):
+    with base.suspended(), activated(*ADAPTERS, strict=True) as report:
+        assert report.active and report.strict
+        assert report.problems == []
+        assert not report.by_status(Status.FAILED) and not report.by_status(Status.MISMATCH)
+        assert set(report.applied) == {n for n in ADAPTER_NAMES
+                                       if expected_status(n, base.env) is APPLIED}
+
+
+def test_global_activation_never_used(base: Base):
+    import speculators_compat
+
+    assert speculators_compat.report() is None

@@ -1,0 +1,44 @@
+"""Capture across architectures: MoE layers, and DeepSeek's llama_4_scaling kept.
+
+The capture reads decoder-layer outputs as the model's own forward produces them, so
+what the forward does between layers (DeepSeek's ``llama_4_scaling``) is kept.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import checkpoint, require_speculators, run_script, vllm_version
+from packaging.version import Version
+
+pytestmark = pytest.mark.e2e
+
+L4 = {"original_max_position_embeddings": 2, "beta": 1.0}
+
+
+def _assert_ok(result: dict) -> None:
+    assert "failed_step" not in result, (result.get("failed_step"), result.get("error"),
+                                         result.get("_stderr_tail"))
+    for b in result["batches"]:
+        assert b["returned"] == b["size"] and b["input_order"], b
+        assert b["compare"]["ok"], b["compare"]
+    assert result["ok"]
+
+
+def test_qwen3_moe_matches_transformers():
+    require_speculators()
+    result = run_script("generate.py", "--model", checkpoint("qwen3_moe"), "--layers",
+                        "0,1,3", "--batches", "12")
+    _assert_ok(result)
+
+
+def test_deepseek_llama_4_scaling_is_kept():
+    require_speculators()
+    if vllm_version() < Version("0.28.0"):
+        pytest.skip("vLLM's CPU backend runs MLA from about 0.28")
+    result = run_script("generate.py", "--model", checkpoint("deepseek_v3", llama_4_scaling=L4),
+                        "--layers", "0,1,3", "--batches", "3", "--min-len", "40", "--max-len", "40",
+                        "--check-unscaled-differs")
+    _assert_ok(result)
+    # The same data compared with a reference that ignores llama_4_scaling must NOT match:
+    # the scaling changes these positions, so the check above is sensitive to it.
+    assert result["extra"]["unscaled_reference_ok"] is False, result["extra"]
