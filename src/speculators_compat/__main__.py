@@ -46,9 +46,19 @@ def plugin_status() -> dict:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from . import _ACTIVATION
+    from ._core import UnsupportedError
 
     previously_active = _ACTIVATION.active
-    report = _ACTIVATION.activate(strict=False)
+    try:
+        report = _ACTIVATION.activate(strict=False)
+    except UnsupportedError as exc:
+        if args.json:
+            print(json.dumps({"supported": False, "error": str(exc),
+                              "versions": _versions.snapshot(), "plugin": plugin_status()},
+                             indent=2))
+        else:
+            print(f"unsupported: {exc}")
+        return 2
     data = report.as_dict()
     if not previously_active:
         _ACTIVATION.deactivate()

@@ -71,6 +71,14 @@ class CompatError(RuntimeError):
     """An error the user can act on: says what is wrong and what to do."""
 
 
+class UnsupportedError(CompatError):
+    """Raised by a probe when the installation is one the shim cannot help at all.
+
+    ``activate()`` in the driver re-raises it (after undoing anything applied), strict
+    or not; in worker processes it is only reported.
+    """
+
+
 class Adapter:
     """Declaration of one adapter: one upstream change, one module.
 
@@ -321,7 +329,13 @@ class Activation:
                                _env.DISABLE, sorted(disabled - known), sorted(known))
             strict = _env.flag(os.environ.get(_env.STRICT)) if strict is None else strict
             ctx = Context(process)
-            results = [self._run_one(a, ctx, selected, disabled) for a in adapters]
+            results = []
+            for a in adapters:
+                try:
+                    results.append(self._run_one(a, ctx, selected, disabled))
+                except UnsupportedError:
+                    self._patcher.revert(0)
+                    raise
             self._patcher.setenv(_env.ACTIVE, "1")
             report = Report(results, ctx.versions, os.getpid(), process, strict, True)
             self.report = report

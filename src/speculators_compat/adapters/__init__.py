@@ -12,6 +12,7 @@ from .collective_rpc_unique_reply import CollectiveRpcUniqueReply
 from .cpu_block_size import CPUBlockSize
 from .executor_sample_tokens import ExecutorSampleTokens
 from .executor_warmup_split import ExecutorWarmupSplit
+from .generate_guard import GenerateGuard
 from .hook_capture import HookCapture
 from .kv_cache_config_fields import KVCacheConfigFields
 from .kv_cache_helpers_relocated import KVCacheHelpersRelocated
@@ -25,6 +26,7 @@ from .scheduler_block_size import SchedulerBlockSize
 from .scheduler_config_encoder_decoder import SchedulerConfigEncoderDecoder
 from .scheduler_prefill_only import SchedulerPrefillOnly
 from .scheduling_sync import SchedulingSync
+from .speculators_supported import SpeculatorsSupported
 from .transformers5_config_torch import Transformers5ConfigTorch
 
 ADAPTERS: list[Adapter] = [
@@ -32,6 +34,8 @@ ADAPTERS: list[Adapter] = [
     Transformers5ConfigTorch(),
     # before speculators' generator module is imported
     KVCacheHelpersRelocated(),
+    # scope: speculators with the in-process generator
+    SpeculatorsSupported(),
     # names inside speculators' generator module
     SchedulerConfigEncoderDecoder(),
     SchedulingSync(),
@@ -49,6 +53,7 @@ ADAPTERS: list[Adapter] = [
     ExecutorWarmupSplit(),
     HookCapture(),
     ResultOrderNatural(),
+    GenerateGuard(),
 ]
 
 __all__ = ["ADAPTERS"]

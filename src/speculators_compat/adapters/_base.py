@@ -20,6 +20,9 @@ class GeneratorAdapter(Adapter):
             return Verdict.not_needed("vLLM is not installed")
         gen = _targets.generator_module(ctx)
         if gen is None:
+            if ctx.versions.get("speculators") is not None:
+                # speculators >= 0.5: installed, but this shim cannot help it.
+                return Verdict.mismatch(_targets.generator_missing_reason(ctx))
             return Verdict.not_needed(_targets.generator_missing_reason(ctx))
         return self.check(ctx, gen)
 

@@ -1,0 +1,43 @@
+"""Refuse, clearly and at once, a speculators release without the in-process generator.
+
+Why: speculators 0.5.0 replaced ``VllmHiddenStatesGenerator`` / ``custom_worker`` with a
+client of vLLM's own ``extract_hidden_states`` feature; there is nothing for this shim
+to adapt, and silently doing nothing would let a user believe their data went through
+it.
+How: a probe only (changes nothing): if speculators is installed but its
+``data_generation.vllm_hidden_states_generator`` module is missing, ``activate()`` raises
+:class:`~speculators_compat.UnsupportedError` naming the version and the way forward.
+Applies when: never applies a patch; raises for speculators >= 0.5.
+Remove when: never (it is the shim's scope check).
+"""
+
+from __future__ import annotations
+
+from .._core import Adapter, Context, Patcher, UnsupportedError, Verdict
+from . import _targets
+
+
+class SpeculatorsSupported(Adapter):
+    name = "speculators_supported"
+    summary = "refuse speculators releases without the in-process generator (0.5+)"
+    upstream = ("speculators 0.5.0: in-process generator replaced by vLLM's native "
+                "extract_hidden_states")
+    vllm_range = None
+    speculators_range = None
+    remove_when = "never: scope check"
+
+    def probe(self, ctx: Context) -> Verdict:
+        spec = ctx.versions.get("speculators")
+        if spec is None:
+            return Verdict.not_needed("speculators is not installed")
+        if _targets.generator_module(ctx) is None:
+            raise UnsupportedError(
+                f"speculators-compat: speculators {spec} has no in-process hidden-state "
+                f"generator ({_targets.GENERATOR_MODULE}); this shim only serves speculators "
+                "0.3.x/0.4.x. With speculators >= 0.5 use its own data generation, which "
+                "drives vLLM's native extract_hidden_states (vLLM >= 0.17) and needs no shim; "
+                "or pin speculators<0.5 to keep the 0.3/0.4 pipeline.")
+        return Verdict.not_needed(f"speculators {spec} has the in-process generator")
+
+    def apply(self, patcher: Patcher, ctx: Context) -> None:  # pragma: no cover - never
+        raise AssertionError("speculators_supported never applies")
