@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ENVS = ROOT / ".envs"
 CPU_WHEELS = "/opt/wheels"  # where this machine kind keeps torch 2.13.0+cpu
 SPECULATORS = ("0.3.0", "0.4.0.1")
+#: Installed only to test that the shim refuses it clearly (no in-process generator).
+UNSUPPORTED_SPECULATORS = ("0.5.0",)
 SPECULATORS_RUNTIME = ("loguru", "pydantic-settings", "typer-slim")
 EXCLUDES = ("torchvision", "torchaudio", "torchcodec")
 
@@ -131,7 +133,7 @@ def build(version: str) -> Path:
                     "pytest", "safetensors", "-e", str(ROOT)]
             _run(cmd, env=env)
         stamp.write_text(json.dumps(want))
-    for spec in SPECULATORS:
+    for spec in SPECULATORS + UNSUPPORTED_SPECULATORS:
         build_speculators(spec)
     return path
 

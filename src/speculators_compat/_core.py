@@ -372,7 +372,11 @@ class Activation:
             return result(Status.NOT_NEEDED, "driver-side adapter; this is a vLLM worker process")
         try:
             verdict = adapter.probe(ctx)
-        except Exception as exc:
+        except UnsupportedError as exc:
+            if ctx.process == "driver":
+                raise
+            return result(Status.MISMATCH, str(exc))
+        except Exception as exc:  # a probe must never take the user down
             logger.debug("probe of %s raised", adapter.name, exc_info=True)
             return result(Status.FAILED, f"probe raised {exc!r}")
         if not verdict.apply:

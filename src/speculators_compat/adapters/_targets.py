@@ -28,12 +28,19 @@ def generator_module(ctx: Context) -> ModuleType | None:
     """speculators' generator module, imported once per activation (``None`` if absent)."""
 
     def load() -> ModuleType | None:
+        import importlib.util
+
         try:
-            return importlib.import_module(GENERATOR_MODULE)
-        except ModuleNotFoundError as exc:
-            error = exc
+            spec = importlib.util.find_spec(GENERATOR_MODULE)
+        except ModuleNotFoundError as exc:  # a parent package is missing
+            spec, error = None, exc
+        else:
+            error = ModuleNotFoundError(f"No module named {GENERATOR_MODULE!r}")
+        if spec is None:
             ctx.memo("generator_error", lambda: error)
             return None
+        # Present: import it; a failure here (a missing dependency, say) is a real error.
+        return importlib.import_module(GENERATOR_MODULE)
 
     return ctx.memo("generator_module", load)
 

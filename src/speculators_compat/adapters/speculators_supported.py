@@ -14,6 +14,7 @@ Remove when: never (it is the shim's scope check).
 from __future__ import annotations
 
 from .._core import Adapter, Context, Patcher, UnsupportedError, Verdict
+from .._versions import in_range
 from . import _targets
 
 
@@ -30,7 +31,7 @@ class SpeculatorsSupported(Adapter):
         spec = ctx.versions.get("speculators")
         if spec is None:
             return Verdict.not_needed("speculators is not installed")
-        if _targets.generator_module(ctx) is None:
+        if in_range(spec, ">=0.5.0.dev0") or _targets.generator_module(ctx) is None:
             raise UnsupportedError(
                 f"speculators-compat: speculators {spec} has no in-process hidden-state "
                 f"generator ({_targets.GENERATOR_MODULE}); this shim only serves speculators "
