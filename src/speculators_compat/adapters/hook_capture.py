@@ -11,7 +11,11 @@ How: speculators names its extension by string in ``ParallelConfig``; the reboun
 :mod:`speculators_compat.worker_extension`'s class for the installed speculators'
 result contract instead. It answers the same RPCs, captures with forward hooks on the
 decoder layers and attributes rows with the runner's real batch layout. Pipeline
-parallelism is refused here, before any worker starts.
+parallelism is refused here, before any worker starts. Where the release has Model
+Runner V2 (whose batch layout the capture does not read), the generator's construction
+runs with ``VLLM_USE_V2_MODEL_RUNNER=0`` unless the user set it, so its spawned workers
+use the V1 runner; the variable is restored afterwards (vLLM's own engines in the same
+process are unaffected). A worker that still runs V2 refuses with a clear error.
 Applies when: the installed vLLM has any of the changes above.
 Remove when: speculators < 0.5 support is dropped.
 """
@@ -72,7 +76,9 @@ class HookCapture(GeneratorAdapter):
         reasons = _reasons(contract)
         if not reasons:
             return Verdict.not_needed("speculators' own forward loop matches this vLLM")
-        return Verdict.needed("; ".join(reasons) + f" -> hook capture ({contract} contract)")
+        pin = "; V1 model runner pinned for the generator" if knows_v2_runner_switch() else ""
+        return Verdict.needed("; ".join(reasons) + f" -> hook capture ({contract} contract)"
+                              + pin)
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         ours = worker_extension.EXTENSIONS[_targets.worker_contract(ctx)]
@@ -88,3 +94,29 @@ class HookCapture(GeneratorAdapter):
             return wrapped(*args, **kwargs)
 
         patcher.wrap(gen, "ParallelConfig", wrapper)
+        if knows_v2_runner_switch():
+            patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", _pin_v1_runner)
+
+
+V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def knows_v2_runner_switch() -> bool:
+    try:
+        envs = importlib.import_module("vllm.envs")
+    except ImportError:
+        return False
+    return V2_SWITCH in getattr(envs, "environment_variables", {})
+
+
+def _pin_v1_runner(wrapped, instance, args, kwargs):
+    """Build the generator (config + spawned workers) with the V1 model runner."""
+    import os
+
+    if V2_SWITCH in os.environ:  # the user chose; the worker refuses V2 clearly
+        return wrapped(*args, **kwargs)
+    os.environ[V2_SWITCH] = "0"
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        os.environ.pop(V2_SWITCH, None)
