@@ -28,6 +28,7 @@ from .scheduler_prefill_only import SchedulerPrefillOnly
 from .scheduling_sync import SchedulingSync
 from .speculators_supported import SpeculatorsSupported
 from .transformers5_config_torch import Transformers5ConfigTorch
+from .worker_spawn_method import WorkerSpawnMethod
 
 ADAPTERS: list[Adapter] = [
     # before `import speculators`
@@ -54,6 +55,7 @@ ADAPTERS: list[Adapter] = [
     HookCapture(),
     ResultOrderNatural(),
     GenerateGuard(),
+    WorkerSpawnMethod(),
 ]
 
 __all__ = ["ADAPTERS"]

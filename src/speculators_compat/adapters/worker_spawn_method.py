@@ -1,0 +1,55 @@
+"""Start the generator's workers with ``spawn`` (CUDA cannot be re-initialised after fork).
+
+Why: speculators' generator initialises CUDA in the driver (e.g. the tokenizer/config
+work, ``torch.cuda`` calls) and then starts ``MultiprocExecutor`` itself. vLLM forces
+``spawn`` only on its own engine paths (``LLM``/``EngineCore``), so the default ``fork``
+fails on a GPU machine: ``RuntimeError: Cannot re-initialize CUDA in forked
+subprocess`` (upstream's own scripts set ``VLLM_WORKER_MULTIPROC_METHOD=spawn``).
+How: wrap ``VllmHiddenStatesGenerator.__init__`` so the executor starts with
+``VLLM_WORKER_MULTIPROC_METHOD=spawn`` unless the user set the variable; it is restored
+afterwards, so vLLM's own engines in the same process keep their behaviour.
+Applies when: the installed vLLM reads ``VLLM_WORKER_MULTIPROC_METHOD``.
+Remove when: speculators < 0.5 support is dropped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+from .._core import Context, Patcher, Verdict
+from ._base import GeneratorAdapter
+
+VAR = "VLLM_WORKER_MULTIPROC_METHOD"
+
+
+def _spawn_during_init(wrapped, instance, args, kwargs):
+    if VAR in os.environ:
+        return wrapped(*args, **kwargs)
+    os.environ[VAR] = "spawn"
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        os.environ.pop(VAR, None)
+
+
+class WorkerSpawnMethod(GeneratorAdapter):
+    name = "worker_spawn_method"
+    summary = "start the generator's vLLM workers with spawn, not fork"
+    upstream = ("vLLM forces spawn only in LLM/EngineCore (_maybe_force_spawn); "
+                "MultiprocExecutor used directly forks by default")
+    vllm_range = None
+    remove_when = "speculators < 0.5 support is dropped"
+
+    def check(self, ctx: Context, gen: ModuleType) -> Verdict:
+        envs = importlib.import_module("vllm.envs")
+        if VAR not in getattr(envs, "environment_variables", {}):
+            return Verdict.mismatch(f"vLLM does not read {VAR}")
+        if os.environ.get(VAR):
+            return Verdict.not_needed(f"{VAR}={os.environ[VAR]} set by the user")
+        return Verdict.needed("the generator starts MultiprocExecutor directly; spawn keeps "
+                              "CUDA initialised in the driver from breaking forked workers")
+
+    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
+        patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", _spawn_during_init)
