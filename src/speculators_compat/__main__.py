@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import runpy
 import sys
@@ -49,6 +50,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ._core import UnsupportedError
 
     previously_active = _ACTIVATION.active
+    os.environ.pop(_env.REPORT_FILE, None)  # a dry run is no provenance
+    logging.getLogger("speculators_compat").setLevel(logging.ERROR)
     try:
         report = _ACTIVATION.activate(strict=False)
     except UnsupportedError as exc:
@@ -93,7 +96,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import speculators_compat
 
-    speculators_compat.activate()
+    report = speculators_compat.activate()
+    print(report.summary_line(), file=sys.stderr)
+    for r in report.problems:
+        print(f"speculators-compat: {r.name} {r.status.value}: {r.reason}", file=sys.stderr)
     if args.module:
         sys.argv = [args.target, *args.args]
         runpy.run_module(args.target, run_name="__main__", alter_sys=True)

@@ -349,7 +349,7 @@ class Activation:
                     f"Unset {_env.STRICT} to run with the remaining adapters, or disable "
                     f"these with {_env.DISABLE}=<name,...> if you know they do not matter.")
             self._log(report)
-            path = os.environ.get(_env.REPORT_FILE)
+            path = os.environ.get(_env.REPORT_FILE) if process == "driver" else None
             if path:
                 try:
                     report.to_json(path)
@@ -381,6 +381,15 @@ class Activation:
             return result(Status.FAILED, f"probe raised {exc!r}")
         if not verdict.apply:
             return result(verdict.status, verdict.reason)
+        reason = verdict.reason
+        vllm = ctx.versions.get("vllm")
+        if adapter.vllm_range and _versions.in_range(vllm, adapter.vllm_range) is False:
+            # The probe decides (nightlies, backports); the range is the declared guard,
+            # so say loudly that this installation is outside it.
+            reason += f" [vLLM {vllm} is outside the declared range {adapter.vllm_range}]"
+            logger.warning("speculators-compat: adapter %s applies outside its declared vLLM "
+                           "range %s (vLLM %s): the probe found the old API shape",
+                           adapter.name, adapter.vllm_range, vllm)
         mark = len(self._patcher)
         try:
             adapter.apply(self._patcher, ctx)
@@ -391,7 +400,7 @@ class Activation:
             except Exception:  # noqa: BLE001
                 pass
             return result(Status.FAILED, f"apply raised {exc!r}; rolled back")
-        return result(Status.APPLIED, verdict.reason, self._patcher.changes()[mark:])
+        return result(Status.APPLIED, reason, self._patcher.changes()[mark:])
 
     def _log(self, report: Report) -> None:
         if not self._logged:

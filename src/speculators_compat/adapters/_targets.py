@@ -17,6 +17,8 @@ from .._core import Context
 GENERATOR_MODULE = "speculators.data_generation.vllm_hidden_states_generator"
 WORKER_MODULE = "speculators.data_generation.custom_worker"
 WORKER_EXTENSION = f"{WORKER_MODULE}.HiddenStatesWorkerExtension"
+_GENERATOR_AND_PARENTS = frozenset(
+    GENERATOR_MODULE.rsplit(".", i)[0] for i in range(GENERATOR_MODULE.count(".") + 1))
 
 #: speculators' worker extension returns a list of per-layer tensors (0.3.x)...
 CONTRACT_LIST = "list"
@@ -28,19 +30,16 @@ def generator_module(ctx: Context) -> ModuleType | None:
     """speculators' generator module, imported once per activation (``None`` if absent)."""
 
     def load() -> ModuleType | None:
-        import importlib.util
-
         try:
-            spec = importlib.util.find_spec(GENERATOR_MODULE)
-        except ModuleNotFoundError as exc:  # a parent package is missing
-            spec, error = None, exc
-        else:
-            error = ModuleNotFoundError(f"No module named {GENERATOR_MODULE!r}")
-        if spec is None:
+            return importlib.import_module(GENERATOR_MODULE)
+        except ModuleNotFoundError as exc:
+            # Only the generator (or a package above it) missing means "no generator";
+            # a missing dependency of speculators is a real error and propagates.
+            if exc.name not in _GENERATOR_AND_PARENTS:
+                raise
+            error = exc
             ctx.memo("generator_error", lambda: error)
             return None
-        # Present: import it; a failure here (a missing dependency, say) is a real error.
-        return importlib.import_module(GENERATOR_MODULE)
 
     return ctx.memo("generator_module", load)
 

@@ -34,6 +34,14 @@ def _accepts(sizes, size: int) -> bool:
     return False
 
 
+def _describe(sizes) -> str:
+    out = []
+    for s in sizes:
+        base = getattr(s, "base", None)
+        out.append(str(s) if isinstance(s, int) else f"multiple of {base}" if base else repr(s))
+    return "[" + ", ".join(out) + "]"
+
+
 def cpu_attention_block_sizes():
     """Kernel block sizes of the CPU attention backend, or ``None`` if not declared."""
     try:
@@ -59,8 +67,8 @@ class CPUBlockSize(GeneratorAdapter):
         if sizes is None:
             return Verdict.not_needed("CPU attention declares no kernel block sizes")
         if _accepts(sizes, SPECULATORS_BLOCK_SIZE):
-            return Verdict.not_needed(f"CPU attention accepts block size 16 ({sizes})")
-        return Verdict.needed(f"CPU attention kernel block sizes {sizes} exclude 16")
+            return Verdict.not_needed(f"CPU attention accepts block size 16 ({_describe(sizes)})")
+        return Verdict.needed(f"CPU attention kernel block sizes {_describe(sizes)} exclude 16")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         def wrapper(wrapped, instance, args, kwargs):

@@ -4,8 +4,8 @@ Why: from 0.27 the engine core calls ``compile_or_warm_up_model()`` separately a
 ``initialize_from_config``; speculators' generator calls only the latter, so the model
 would run its first real batch un-warmed (on GPU: without the sampler/kernels warm-up
 the engine expects). Warm-up runs the model on dummy data: the capture ignores it
-(it records only between ``_reset_capture`` and ``_get_captured_states``, and only
-inside scheduled steps).
+(its hooks record only inside ``execute_model`` steps of scheduled requests, which
+warm-up's dummy runs are not).
 How: the ``MultiprocExecutor`` seen by speculators' module calls
 ``compile_or_warm_up_model()`` after ``initialize_from_config`` when the release split it.
 Applies when: the executor has ``compile_or_warm_up_model`` and ``initialize_from_config``

@@ -14,6 +14,7 @@ Remove when: speculators < 0.5 support is dropped.
 
 from __future__ import annotations
 
+import numbers
 from types import ModuleType
 
 from .._core import CompatError, Context, Patcher, Verdict
@@ -31,7 +32,8 @@ def validate_batch(token_ids) -> None:
         if seq is None or len(seq) == 0:
             raise CompatError(f"speculators-compat: sequence {i} of the batch is empty; drop "
                               "empty samples before generate() (nothing was run).")
-        bad = next((t for t in seq if not isinstance(t, int) or isinstance(t, bool)), None)
+        bad = next((t for t in seq
+                    if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
         if bad is not None:
             raise CompatError(f"speculators-compat: sequence {i} contains {bad!r} "
                               f"({type(bad).__name__}); token ids must be ints (nothing was run).")

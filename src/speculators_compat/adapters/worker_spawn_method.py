@@ -4,7 +4,7 @@ Why: speculators' generator initialises CUDA in the driver (e.g. the tokenizer/c
 work, ``torch.cuda`` calls) and then starts ``MultiprocExecutor`` itself. vLLM forces
 ``spawn`` only on its own engine paths (``LLM``/``EngineCore``), so the default ``fork``
 fails on a GPU machine: ``RuntimeError: Cannot re-initialize CUDA in forked
-subprocess`` (upstream's own scripts set ``VLLM_WORKER_MULTIPROC_METHOD=spawn``).
+subprocess`` unless the user sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``.
 How: wrap ``VllmHiddenStatesGenerator.__init__`` so the executor starts with
 ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` unless the user set the variable; it is restored
 afterwards, so vLLM's own engines in the same process keep their behaviour.
