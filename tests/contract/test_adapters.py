@@ -27,6 +27,7 @@ import builtins
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -39,7 +40,7 @@ from helpers import checkpoint, installed, require_speculators, vllm_version
 from packaging.version import Version
 
 from speculators_compat import _env, _versions
-from speculators_compat._core import Activation, Adapter, CompatError, Report, Status
+from speculators_compat._core import Activation, Adapter, CompatError, Report, Status, _label
 from speculators_compat.adapters import ADAPTERS
 from speculators_compat.adapters.kv_cache_helpers_relocated import KVCacheHelpersRelocated
 from speculators_compat.adapters.transformers5_config_torch import Transformers5ConfigTorch
@@ -53,6 +54,9 @@ MAX_NUM_SEQS = 32
 MAX_MODEL_LEN = 512
 #: Keys a module namespace may gain from just running code (warnings bookkeeping).
 IGNORED_KEYS = frozenset({"__warningregistry__"})
+
+#: vLLM variables adapters treat as the user's choice; the suite runs without them.
+USER_CHOICES = ("VLLM_WORKER_MULTIPROC_METHOD", "VLLM_USE_V2_MODEL_RUNNER")
 
 ADAPTER_NAMES = [a.name for a in ADAPTERS]
 BY_NAME: dict[str, Adapter] = {a.name: a for a in ADAPTERS}
@@ -186,6 +190,21 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
     "result_order_natural": (
         lambda e: _status(e.speculators_04),
         "speculators 0.4.x orders results by request ids sorted as strings"),
+    "speculators_supported": (
+        # A scope check that never patches: not-needed for releases with the in-process
+        # generator (0.3/0.4); raises UnsupportedError for >= 0.5 (not installable here).
+        lambda e: NOT_NEEDED if e.speculators < V("0.5.0.dev0") else None,
+        "speculators 0.5 replaced the in-process generator"),
+    "worker_spawn_method": (
+        # The suite runs with VLLM_WORKER_MULTIPROC_METHOD unset (as a user would); vLLM
+        # forces spawn only on its own engine paths, not for a MultiprocExecutor built
+        # directly (on CPU, building a VllmConfig sets it as a side effect).
+        lambda e: APPLIED,
+        "the generator starts MultiprocExecutor itself; fork breaks with CUDA initialised"),
+    "generate_guard": (
+        # speculators' own generate() hazard, independent of the vLLM release.
+        lambda e: _status(e.speculators < V("0.5.0.dev0")),
+        "generate() adds requests before running; a failure leaks into the next call"),
 }
 
 
@@ -243,8 +262,16 @@ def _env_facts() -> Env:
 def base() -> Iterator[Base]:
     require_speculators()
     # Activation reads these; the suite must not inherit a user's settings.
-    names = (_env.DISABLE, _env.STRICT, _env.REPORT_FILE, _env.ACTIVE)
+    names = (_env.DISABLE, _env.STRICT, _env.REPORT_FILE, _env.ACTIVE, "VLLM_CACHE_ROOT",
+             *USER_CHOICES)
     saved = {k: os.environ.pop(k) for k in names if k in os.environ}
+    # vLLM caches model-class inspection under $VLLM_CACHE_ROOT/modelinfos keyed by
+    # architecture only (the file hash is checked on read), so envs of different vLLM
+    # releases sharing the default root evict each other and every ModelConfig then
+    # re-inspects in a subprocess (~15 s). One root per release, unless the user set one.
+    os.environ["VLLM_CACHE_ROOT"] = saved.get("VLLM_CACHE_ROOT") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm",
+        "speculators-compat-contract", str(vllm_version()))
     activations = [Activation(lambda: [Transformers5ConfigTorch()])]
     activations[0].activate(process="driver")
     try:
@@ -267,11 +294,6 @@ def base() -> Iterator[Base]:
         for k in names:
             os.environ.pop(k, None)
         os.environ.update(saved)
-
-
-@pytest.fixture
-def gen(base: Base) -> ModuleType:
-    return base.gen
 
 
 @contextlib.contextmanager
@@ -321,8 +343,10 @@ def _vllm_owned() -> dict[str, object]:
 
 
 def _consumer_owned(gen: ModuleType) -> dict[str, object]:
-    return {GEN: gen, KV_UTILS: importlib.import_module(KV_UTILS),
-            TF_CONFIG: importlib.import_module(TF_CONFIG)}
+    """Namespaces adapters may change, labelled as the patcher labels them."""
+    spaces = [gen, gen.VllmHiddenStatesGenerator, importlib.import_module(KV_UTILS),
+              importlib.import_module(TF_CONFIG)]
+    return {_label(obj): obj for obj in spaces}
 
 
 def snapshot(spaces: dict[str, object]) -> dict[str, dict]:
@@ -356,7 +380,20 @@ def report_changes(report: Report, name: str) -> set[str]:
 # -- vLLM objects built the way speculators builds them --------------------------------
 
 
-def build_vllm_config(*, max_num_batched_tokens: int = 8192, cache_config=None):
+def build_vllm_config(**kw):
+    """:func:`_build_vllm_config`, undoing the CPU platform's process-wide side effect:
+    ``check_and_update_config`` sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` (and
+    ``NUMEXPR_MAX_THREADS``) in ``os.environ``, which would change later verdicts."""
+    saved = dict(os.environ)
+    try:
+        return _build_vllm_config(**kw)
+    finally:
+        for k in set(os.environ) - set(saved):
+            del os.environ[k]
+        os.environ.update(saved)
+
+
+def _build_vllm_config(*, max_num_batched_tokens: int = 8192, cache_config=None):
     """``VllmHiddenStatesGenerator._create_vllm_config`` (0.4 shape), from vLLM's own
     classes, for the tiny llama checkpoint. The KV block size is left to the platform
     (speculators' hard-coded 16 is the cpu_block_size adapter's business)."""
@@ -574,7 +611,8 @@ def test_apply_then_revert_restores_identity(base: Base, name: str):
             # attribute of vLLM's own classes or modules (except names added by
             # kv_cache_helpers_relocated, which the report lists).
             assert changed == listed, f"changed {sorted(changed)}; report lists {sorted(listed)}"
-            vllm_labels = {c for c in changed if not c.startswith((GEN + ".", TF_CONFIG + "."))}
+            vllm_labels = {c for c in changed if c.rsplit(".", 1)[0] not in (
+                GEN, TF_CONFIG, "VllmHiddenStatesGenerator")}
             if name != "kv_cache_helpers_relocated":
                 assert not vllm_labels, f"{name} changed vLLM's own objects: {vllm_labels}"
             for label in vllm_labels:
@@ -795,8 +833,13 @@ def _legacy_no_gpu_kv_sizing(base, gen, cfg, adapter):
         # 0.3.0: free_memory, _ = torch.cuda.mem_get_info() -> no NVIDIA driver
         with pytest.raises((RuntimeError, AssertionError)):
             gen.torch.cuda.mem_get_info()
+    elif torch.accelerator.current_accelerator() is None:
+        assert gen.mem_get_info() == (0, 0)  # 0.4's own helper, CPU-only torch
     else:
-        assert gen.mem_get_info() == (0, 0)  # 0.4's own helper without an accelerator
+        # 0.4's own helper on a CUDA build of torch without a driver (vllm 0.16 env):
+        # it asks torch.cuda and fails, not (0, 0) as UPSTREAM.md assumes.
+        with pytest.raises((RuntimeError, AssertionError)):
+            gen.mem_get_info()
     # ...and with 0 free bytes the KV cache gets 0 blocks (then `num_gpu_blocks > 0`).
     call = dict(vllm_config=rcfg, kv_cache_groups=groups, available_memory=int(0 * 0.8 * 0.2))
     assert gen.get_kv_cache_config_from_groups(**call).num_blocks == 0
@@ -1048,6 +1091,12 @@ def _legacy_hook_capture(base, gen, cfg, adapter):
         with pytest.raises(CompatError, match="pipeline_parallel_size=2"):
             gen.ParallelConfig(**call, pipeline_parallel_size=2)
         assert isinstance(pc, importlib.import_module("vllm.config").ParallelConfig)
+        # Where the release has the Model Runner V2 switch, the generator's construction
+        # (and so its spawned workers) runs with the V1 runner; restored afterwards.
+        switch = "VLLM_USE_V2_MODEL_RUNNER"
+        has_switch = switch in importlib.import_module("vllm.envs").environment_variables
+        assert env_during_generator_init(gen)[switch] == ("0" if has_switch else None)
+        assert switch not in os.environ
 
 
 @legacy("result_order_natural")
@@ -1089,6 +1138,117 @@ def _legacy_result_order(base, gen, cfg, adapter):
         with pytest.raises(TypeError):
             s([1, 2], lambda x: x)  # key is keyword-only, as in builtins.sorted
     assert "sorted" not in vars(gen)
+
+
+@legacy("speculators_supported")
+def _legacy_speculators_supported(base, gen, cfg, adapter):
+    # A pure scope check: with the in-process generator installed it changes nothing
+    # and raises nothing (speculators >= 0.5, where it raises, is not installable here).
+    assert importlib.util.find_spec(GEN) is not None
+    spaces = {**_vllm_owned(), **_consumer_owned(gen)}
+    before = snapshot(spaces)
+    with one(base, adapter) as applied:
+        assert not applied
+        assert diff(before, snapshot(spaces)) <= {f"os.environ[{_env.ACTIVE!r}]"}
+
+
+class _EnvAtValidation(list):
+    """``layer_ids`` for speculators' ``VllmHiddenStatesGenerator.__init__`` that records
+    ``os.environ`` when ``__init__`` validates them (after the tokenizer and HF config
+    are loaded, before any vLLM config or worker exists) and is out of bounds, so
+    ``__init__`` stops there with its own ValueError: no engine is started."""
+
+    def __init__(self, keys):
+        super().__init__([10**6])
+        self.keys, self.seen = keys, None
+
+    def __iter__(self):
+        self.seen = {k: os.environ.get(k) for k in self.keys}
+        return super().__iter__()
+
+
+def env_during_generator_init(gen, keys=USER_CHOICES) -> dict[str, str | None]:
+    ids = _EnvAtValidation(keys)
+    with pytest.raises(ValueError, match="out of bounds"):
+        gen.VllmHiddenStatesGenerator(model_path=checkpoint("llama"), layer_ids=ids)
+    assert ids.seen is not None, "speculators' __init__ no longer validates layer_ids first"
+    return ids.seen
+
+
+@legacy("worker_spawn_method")
+def _legacy_worker_spawn_method(base, gen, cfg, adapter):
+    import vllm.envs as envs
+
+    var = "VLLM_WORKER_MULTIPROC_METHOD"
+    assert var in envs.environment_variables
+    assert os.environ.get(var) is None
+    # Bare: the generator's MultiprocExecutor would start with vLLM's default (fork).
+    assert env_during_generator_init(gen)[var] is None
+    assert envs.VLLM_WORKER_MULTIPROC_METHOD == "fork"
+    with one(base, adapter) as applied:
+        assert applied
+        assert env_during_generator_init(gen)[var] == "spawn"
+        assert var not in os.environ  # restored after __init__
+        os.environ[var] = "fork"  # a user's explicit choice is kept
+        try:
+            assert env_during_generator_init(gen)[var] == "fork"
+            assert os.environ[var] == "fork"
+        finally:
+            del os.environ[var]
+
+
+@legacy("generate_guard")
+def _legacy_generate_guard(base, gen, cfg, adapter):
+    """A partly failed ``generate()`` must not leave requests for the next call.
+
+    The generator is speculators' real class, built without ``__init__`` (no engine):
+    it gets a real tokenizer, a real ``VllmConfig`` and vLLM's real ``Scheduler``, and
+    no executor, so speculators' ``generate()`` adds its requests and then fails at
+    ``self.executor`` -- a failure after requests were added, as in the hazard.
+    """
+    from transformers import AutoTokenizer
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from speculators_compat.adapters.request_eos_token_id import RequestEosTokenId
+
+    rcfg = resolved_config()
+    kvc = kv_config_for(rcfg)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint("llama"))
+
+    def bare_generator():
+        g = object.__new__(gen.VllmHiddenStatesGenerator)
+        g.vllm_config, g.tokenizer, g._request_counter = rcfg, tokenizer, 0
+        g.block_hasher = None  # 0.4 passes it to Request
+        g.scheduler = new_scheduler(Scheduler, rcfg, kvc)
+        return g
+
+    # vLLM >= 0.17 needs request_eos_token_id for speculators to add any request.
+    helper = [RequestEosTokenId()] if base.env.vllm >= V("0.17.0.dev0") else []
+    batch = [[1, 2, 3], [4, 5]]
+    with activated(*helper):
+        g = bare_generator()
+        with pytest.raises(AttributeError, match="executor"):
+            g.generate(batch)
+        leaked = sorted(g.scheduler.requests)
+        assert leaked == ["req_0_0", "req_0_1"], leaked  # the upstream hazard
+        with pytest.raises(ValueError, match="cannot be empty"):  # speculators' own check
+            bare_generator().generate([])
+    with activated(*helper), one(base, adapter) as applied:
+        assert applied
+        g = bare_generator()
+        with pytest.raises(AttributeError, match="executor"):  # the original error
+            g.generate(batch)
+        assert all(r.is_finished() for r in g.scheduler.requests.values())
+        assert not g.scheduler.running and not g.scheduler.waiting
+        # bad input is refused before anything is added
+        for bad, match in [([], "empty batch"), ([[1, 2], []], "sequence 1 of the batch is empty"),
+                           ([[1, 2.0]], "sequence 0 contains 2.0"),
+                           ([[True]], "sequence 0 contains True")]:
+            g = bare_generator()
+            with pytest.raises(CompatError, match=match):
+                g.generate(bad)
+            assert not g.scheduler.requests
+        assert "generate" in vars(gen.VllmHiddenStatesGenerator)
 
 
 # --------------------------------------------------------------------------------------

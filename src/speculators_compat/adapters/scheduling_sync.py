@@ -30,6 +30,8 @@ class SchedulingSync(GeneratorAdapter):
         params = _targets.parameters(gen.SchedulerConfig) or {}
         if "async_scheduling" not in params:
             return Verdict.not_needed("SchedulerConfig has no async_scheduling field")
+        if params["async_scheduling"].default is False:
+            return Verdict.not_needed("SchedulerConfig.async_scheduling defaults to False")
         return Verdict.needed("SchedulerConfig.async_scheduling exists; pin it off for the "
                               "generator's own synchronous step loop")
 

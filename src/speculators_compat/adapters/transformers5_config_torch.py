@@ -27,7 +27,7 @@ class Transformers5ConfigTorch(Adapter):
     summary = "make `import speculators` work with transformers 5 (pydantic needs `torch`)"
     upstream = ("transformers 5.0: PretrainedConfig annotates `torch.dtype` with torch only "
                 "imported under TYPE_CHECKING (transformers/configuration_utils.py)")
-    vllm_range = ">=0.24.0.dev0"
+    vllm_range = None  # keyed on transformers 5 (which vLLM >= 0.24 requires), not on vLLM
     phase = Phase.BOTH
     remove_when = "speculators < 0.5 support is dropped"
 

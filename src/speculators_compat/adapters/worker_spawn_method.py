@@ -46,10 +46,11 @@ class WorkerSpawnMethod(GeneratorAdapter):
         envs = importlib.import_module("vllm.envs")
         if VAR not in getattr(envs, "environment_variables", {}):
             return Verdict.mismatch(f"vLLM does not read {VAR}")
-        if os.environ.get(VAR):
-            return Verdict.not_needed(f"{VAR}={os.environ[VAR]} set by the user")
-        return Verdict.needed("the generator starts MultiprocExecutor directly; spawn keeps "
-                              "CUDA initialised in the driver from breaking forked workers")
+        # Decided per generator construction, not here: vLLM's CPU platform itself sets the
+        # variable as a side effect of building a config, so its presence now says nothing
+        # about the user's choice.
+        return Verdict.needed("the generator starts MultiprocExecutor directly; its workers "
+                              f"start with spawn unless {VAR} is set when it is built")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", _spawn_during_init)
