@@ -3,12 +3,14 @@
 Why: speculators sizes the KV cache in the driver from free accelerator memory:
 0.3.0 calls ``torch.cuda.mem_get_info()`` (``RuntimeError: Found no NVIDIA driver``),
 0.4 calls its own ``mem_get_info()``, which yields ``(0, 0)`` and then zero blocks
-(``assert num_gpu_blocks > 0``). vLLM's CPU platform budgets the KV cache itself
+(``assert num_gpu_blocks > 0``) — or raises the same "no NVIDIA driver" error where the
+installed torch is a CUDA build. vLLM's CPU platform budgets the KV cache itself
 (``VLLM_CPU_KVCACHE_SPACE`` / ``kv_cache_memory_bytes``).
 How: in speculators' module only, ``torch`` (0.3.0) becomes a proxy whose
 ``cuda.mem_get_info`` answers ``(0, 0)`` when CUDA is unavailable, ``mem_get_info`` (0.4)
 likewise; and ``get_kv_cache_config_from_groups`` gets the CPU platform's KV budget as
-``available_memory`` instead of speculators' GPU-derived number.
+``available_memory`` instead of speculators' GPU-derived number: ``VLLM_CPU_KVCACHE_SPACE``
+(GiB) or the config's KV bytes when set, else 4 GiB capped at a quarter of free memory.
 Applies when: CUDA is not available in the driver.
 Remove when: speculators < 0.5 support is dropped.
 """
@@ -38,7 +40,14 @@ def cpu_kv_budget(vllm_config) -> int:
     env = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     if env:
         return int(float(env) * GiB)
-    return DEFAULT_CPU_KV_GIB * GiB
+    budget = DEFAULT_CPU_KV_GIB * GiB
+    try:  # never more than a quarter of what is free now (psutil ships with vLLM)
+        import psutil
+
+        budget = min(budget, psutil.virtual_memory().available // 4)
+    except ImportError:
+        pass
+    return budget
 
 
 def _no_gpu_mem_get_info(*args, **kwargs):
