@@ -13,8 +13,12 @@ Row attribution: a layer's output rows are in the model runner's batch order for
 step. The capture reads that order from the runner itself (V1:
 ``input_batch.req_ids``) together with the step's ``num_scheduled_tokens``, keeps only
 prompt (prefill) rows of each request, and assembles every request's rows across
-chunked-prefill steps. Results are then produced in the installed speculators' own
-contract by :mod:`speculators_compat.worker_extension`.
+chunked-prefill steps. Model Runner V2 (``vllm/v1/worker/gpu/``, no ``input_batch``)
+builds a fresh batch each step in ``prepare_inputs`` (requests sorted by query length,
+not in the scheduler's order); there the capture records the batch that
+``prepare_inputs`` returns for the step (``req_ids`` + ``num_scheduled_tokens``, the
+order the model's rows are in) and attributes rows with it. Results are then produced in
+the installed speculators' own contract by :mod:`speculators_compat.worker_extension`.
 """
 
 from __future__ import annotations
@@ -50,9 +54,9 @@ def layer_output(output: Any, layer_idx: int) -> Any:
         if len(output) >= 2 and output[1] is not None:
             return output[0] + output[1]
         if len(output) >= 1 and hasattr(output[0], "shape"):
-            return output[0]
+            return output[0].clone()  # later in-place ops (fused add+norm) must not alter it
     elif hasattr(output, "shape"):
-        return output
+        return output.clone()
     raise CompatError(
         f"speculators-compat: decoder layer {layer_idx} returned {type(output).__name__}, "
         "not (hidden_states, residual): its hidden states cannot be read by the capture. "
@@ -113,11 +117,20 @@ class LayerCapture:
                 "speculators-compat: pipeline parallelism is not supported by the capture "
                 f"(this rank holds layers {start}..{end - 1} of {n}); use "
                 "tensor_parallel_size instead.")
-        if not hasattr(runner, "input_batch"):
-            raise CompatError(
-                f"speculators-compat: the model runner {type(runner).__name__} has no "
-                "`input_batch` (vLLM Model Runner V2), whose row order the capture cannot "
-                "read yet. Start with VLLM_USE_V2_MODEL_RUNNER=0.")
+        self._v2 = not hasattr(runner, "input_batch")
+        if self._v2:
+            if not (callable(getattr(runner, "prepare_inputs", None))
+                    and hasattr(runner, "req_states")):
+                raise CompatError(
+                    f"speculators-compat: the model runner {type(runner).__name__} has no "
+                    "`input_batch` (vLLM Model Runner V2), whose row order the capture "
+                    "cannot read yet. Start with VLLM_USE_V2_MODEL_RUNNER=0.")
+            if getattr(runner, "pcp_manager", None) is not None:
+                raise CompatError(
+                    "speculators-compat: prefill context parallelism splits each step's "
+                    "rows across ranks; the capture does not support it under Model Runner "
+                    "V2. Start without it, or with VLLM_USE_V2_MODEL_RUNNER=0.")
+        self._stale: set[str] = set()
         self.layer_ids = ids
         self._slot = {layer: i for i, layer in enumerate(ids)}
         self._unscale = {i: fp16_unscale_factor(layers[i]) for i in ids}
@@ -131,6 +144,8 @@ class LayerCapture:
         capture = self
 
         def execute_model(scheduler_output, *args, **kwargs):
+            if capture._stale and not kwargs.get("dummy_run"):
+                capture._release_stale(scheduler_output)
             capture._begin_step(scheduler_output)
             try:
                 if capture._original_execute is not None:
@@ -139,8 +154,21 @@ class LayerCapture:
             finally:
                 capture._step = None
                 capture._step_layout = None
+                capture._v2_batch = None
 
         runner.execute_model = execute_model
+        self._v2_batch: Any = None
+        self._original_prepare = None
+        if self._v2:
+            self._original_prepare = runner.__dict__.get("prepare_inputs")
+            prepare = runner.prepare_inputs  # bound, or the instance attribute above
+
+            def prepare_inputs(*args, **kwargs):
+                batch = prepare(*args, **kwargs)
+                capture._v2_batch = batch  # the batch whose row order this step runs
+                return batch
+
+            runner.prepare_inputs = prepare_inputs
 
     # -- lifecycle -----------------------------------------------------------------
     def reset(self) -> None:
@@ -150,6 +178,11 @@ class LayerCapture:
         self.rows: dict[str, list[list[Any]]] = {}
         self.count: dict[str, int] = {}
         self.armed = True
+        if self._v2:
+            held = getattr(getattr(self.runner, "req_states", None), "req_id_to_index", None)
+        else:
+            held = getattr(self.runner, "requests", None)
+        self._stale = set(held or ())
 
     def remove(self) -> None:
         for h in self._handles:
@@ -159,11 +192,36 @@ class LayerCapture:
             self.runner.execute_model = self._original_execute
         else:
             self.runner.__dict__.pop("execute_model", None)
+        if self._v2:
+            if self._original_prepare is not None:
+                self.runner.prepare_inputs = self._original_prepare
+            else:
+                self.runner.__dict__.pop("prepare_inputs", None)
 
     # -- per step --------------------------------------------------------------------
+    def _release_stale(self, so: Any) -> None:
+        """Release the runner's per-request state of earlier ``generate()`` calls.
+
+        Why: a model runner keeps state for every request until a step's
+        ``finished_req_ids`` names it (Model Runner V2: a slot in ``req_states``,
+        ``max_num_seqs`` of them; V1: an entry in ``requests``). speculators' generator
+        (with prefill-only scheduling) finishes requests in a ``schedule()`` output that
+        it never executes, so the runner never hears of it: V2 then fails a later batch
+        with ``AssertionError: No free indices``, and V1's ``requests`` grows with every
+        sequence of a long run. speculators resets the capture at the start of every
+        ``generate()``, when every request of earlier calls is finished; those the runner
+        still held then are passed to the runner's own finished-request handling with the
+        next step.
+        """
+        stale = self._stale - set(so.num_scheduled_tokens)
+        self._stale = set()
+        if stale:
+            so.finished_req_ids = set(getattr(so, "finished_req_ids", None) or ()) | stale
+
     def _begin_step(self, so: Any) -> None:
         self._step = so
         self._step_layout = None
+        self._v2_batch = None
         if not (self.armed and self.enabled):
             return
         for new in getattr(so, "scheduled_new_reqs", None) or ():
@@ -181,8 +239,14 @@ class LayerCapture:
             return self._step_layout
         so = self._step
         scheduled: dict[str, int] = dict(so.num_scheduled_tokens)
-        batch = self.runner.input_batch
-        order = [r for r in list(batch.req_ids)[: batch.num_reqs] if r is not None]
+        if self._v2:
+            order = self._v2_order(scheduled)
+            if order is None:  # a dummy run (warm-up/profiling): no rows of ours
+                self._step_layout = []
+                return self._step_layout
+        else:
+            batch = self.runner.input_batch
+            order = [r for r in list(batch.req_ids)[: batch.num_reqs] if r is not None]
         if sorted(order) != sorted(scheduled):
             raise CompatError(
                 "speculators-compat: the model runner's batch does not match the scheduled "
@@ -204,6 +268,28 @@ class LayerCapture:
             offset += n
         self._step_layout = layout
         return layout
+
+    def _v2_order(self, scheduled: dict[str, int]) -> list[str] | None:
+        """Model Runner V2: request order of this step's batch (from ``prepare_inputs``),
+        checked against the scheduler's per-request token counts; ``None`` for a dummy
+        run (no batch prepared and none of the step's requests is a capture request)."""
+        batch = self._v2_batch
+        if batch is None:
+            if any(r in self.prompt_len for r in scheduled):
+                raise CompatError(
+                    "speculators-compat: Model Runner V2 ran a step without preparing its "
+                    "batch through prepare_inputs; the row order is unknown, refusing to "
+                    "attribute rows. Start with VLLM_USE_V2_MODEL_RUNNER=0.")
+            return None
+        n = int(batch.num_reqs)
+        order = list(batch.req_ids)[:n]
+        counts = [int(c) for c in list(batch.num_scheduled_tokens)[:n]]
+        if len(order) != n or dict(zip(order, counts)) != scheduled:
+            raise CompatError(
+                "speculators-compat: Model Runner V2's batch does not match the scheduled "
+                f"requests ({len(order)} vs {len(scheduled)}, or different token counts); "
+                "refusing to attribute rows.")
+        return order
 
     def _hook_for(self, layer_idx: int):
         def hook(module, inputs, output):

@@ -42,6 +42,8 @@ def test_batch_results_equal_single_and_repeat(llama_run):
     extra = llama_run["extra"]
     assert extra["repeat_identical"], extra
     assert extra["single_close_to_batch"], extra
+    # Nothing accumulates in the workers across calls (only the last call's one request).
+    assert max(extra["runner_requests_held"]) <= 1, extra
 
 
 def test_adapters_reach_spawned_workers(llama_run):

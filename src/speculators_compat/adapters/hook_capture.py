@@ -11,11 +11,11 @@ How: speculators names its extension by string in ``ParallelConfig``; the reboun
 :mod:`speculators_compat.worker_extension`'s class for the installed speculators'
 result contract instead. It answers the same RPCs, captures with forward hooks on the
 decoder layers and attributes rows with the runner's real batch layout. Pipeline
-parallelism is refused here, before any worker starts. Where the release has Model
-Runner V2 (whose batch layout the capture does not read), the generator's construction
-runs with ``VLLM_USE_V2_MODEL_RUNNER=0`` unless the user set it, so its spawned workers
-use the V1 runner; the variable is restored afterwards (vLLM's own engines in the same
-process are unaffected). A worker that still runs V2 refuses with a clear error.
+parallelism is refused here, before any worker starts. The capture reads both the V1
+runner's ``input_batch`` and Model Runner V2's per-step batch; where the release has the
+switch, the generator's construction runs with ``VLLM_USE_V2_MODEL_RUNNER=0`` unless the
+user set it (V1 is the most tested path; ``=1`` is honoured), and the variable is
+restored afterwards (vLLM's own engines in the same process are unaffected).
 Applies when: the installed vLLM has any of the changes above.
 Remove when: speculators < 0.5 support is dropped.
 """
@@ -54,7 +54,7 @@ def _reasons(contract: str) -> list[str]:
     except ImportError:
         pass
     if _has_module("vllm.v1.worker.gpu.model_runner"):
-        reasons.append("Model Runner V2 exists (rows in runner order, no input_batch)")
+        reasons.append("Model Runner V2 exists (rows in its own per-step order)")
     return reasons
 
 

@@ -28,6 +28,15 @@ def make_sequences(n: int, *, seed: int = 0, min_len: int = 4, max_len: int = 48
             for _ in range(n)]
 
 
+def runner_request_count(worker) -> int:
+    """Requests a worker's model runner still holds (V1 ``requests``; V2 ``req_states``).
+    Used with ``collective_rpc`` to check nothing accumulates across ``generate()`` calls."""
+    runner = worker.model_runner
+    if hasattr(runner, "requests"):
+        return len(runner.requests)
+    return len(runner.req_states.req_id_to_index)
+
+
 class StepFailed(Exception):
     def __init__(self, step: str, exc: BaseException) -> None:
         super().__init__(f"step '{step}' failed: {type(exc).__name__}: {exc}")

@@ -40,12 +40,16 @@ if __name__ == "__main__":
         first = outputs[-1]
         again = gen.generate([list(s) for s in batch])
         singles = [gen.generate([list(s)])[0] for s in batch[:5]]
+        from speculators_compat.demo.runner import runner_request_count
+
+        held = gen.executor.collective_rpc(runner_request_count)
 
         def same(x, y):
             return all(torch.equal(h1, h2) for h1, h2 in zip(x["hidden_states"],
                                                              y["hidden_states"]))
 
-        return {"repeat_identical": all(same(x, y) for x, y in zip(first, again)),
+        return {"runner_requests_held": held,
+                "repeat_identical": all(same(x, y) for x, y in zip(first, again)),
                 "single_equals_batch": all(same(s, b) for s, b in zip(singles, first)),
                 "single_close_to_batch": all(
                     all(torch.allclose(h1.float(), h2.float(), atol=0.05, rtol=0.05)
