@@ -5,9 +5,12 @@ attention backend accepts only multiples of 32 (0.32: ``No common block size for
 (CPU_ATTN: [MultipleOf(32)])``), while the CPU MLA backend wants exactly 16: only the
 platform knows. The block size changes memory layout, never attention results.
 How: on the CPU platform, the rebound ``CacheConfig`` in speculators' module drops the
-hard-coded ``block_size`` so the platform picks its own; the ``scheduler_block_size``
-adapter then gives the scheduler the size the KV cache really uses.
-Applies when: the platform is CPU and its attention backend does not accept 16.
+hard-coded ``block_size`` when the CPU attention backend does not accept 16, so the
+platform picks its own; the ``scheduler_block_size`` adapter then gives the scheduler the
+size the KV cache really uses. The backend is asked when speculators builds its
+``CacheConfig``, not at ``activate()``: importing the attention backend costs about a
+second, which ``activate()`` must not.
+Applies when: the platform is CPU (the backend's answer is checked at call time).
 Remove when: speculators 0.3/0.4 support is dropped.
 """
 
@@ -52,6 +55,12 @@ def cpu_attention_block_sizes():
     return None if getter is None else list(getter())
 
 
+def cpu_accepts_16() -> bool:
+    """Whether the CPU attention backend accepts speculators' block size 16."""
+    sizes = cpu_attention_block_sizes()
+    return sizes is None or _accepts(sizes, SPECULATORS_BLOCK_SIZE)
+
+
 class CPUBlockSize(GeneratorAdapter):
     name = "cpu_block_size"
     summary = "let the CPU platform choose the KV block size instead of speculators' 16"
@@ -63,16 +72,12 @@ class CPUBlockSize(GeneratorAdapter):
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         if not _targets.is_cpu_platform():
             return Verdict.not_needed("not the CPU platform")
-        sizes = cpu_attention_block_sizes()
-        if sizes is None:
-            return Verdict.not_needed("CPU attention declares no kernel block sizes")
-        if _accepts(sizes, SPECULATORS_BLOCK_SIZE):
-            return Verdict.not_needed(f"CPU attention accepts block size 16 ({_describe(sizes)})")
-        return Verdict.needed(f"CPU attention kernel block sizes {_describe(sizes)} exclude 16")
+        return Verdict.needed("CPU platform: speculators' block size 16 is dropped when "
+                              "CacheConfig is built if CPU attention does not accept it")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         def wrapper(wrapped, instance, args, kwargs):
-            if kwargs.get("block_size") == SPECULATORS_BLOCK_SIZE:
+            if kwargs.get("block_size") == SPECULATORS_BLOCK_SIZE and not cpu_accepts_16():
                 kwargs.pop("block_size")
             return wrapped(*args, **kwargs)
 
