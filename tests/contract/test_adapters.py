@@ -103,20 +103,11 @@ def _status(applied: bool) -> Status:
 
 
 def _cpu_block_size(e: Env) -> Status | None:
-    # Verified against the installed sources:
-    #  0.16: CPUAttentionBackend inherits get_supported_kernel_block_sizes() ==
-    #        [MultipleOf(1)] and _get_attn_isa() has a "vec16" path for block 16;
-    #        supports_block_size(16) is True -> speculators' 16 works.
-    #  0.32: CPUAttentionBackend.get_supported_kernel_block_sizes() == [MultipleOf(32)],
-    #        supports_block_size(16) is False -> 16 is rejected.
-    # The change lies somewhere in 0.17..0.31 (UPSTREAM.md: "0.2x"); not recorded.
-    if not e.cpu_platform:
-        return NOT_NEEDED
-    if e.vllm < V("0.17.0.dev0"):
-        return NOT_NEEDED
-    if e.vllm >= V("0.32.0.dev0"):
-        return APPLIED
-    return None
+    # Applied on the CPU platform; whether 16 is dropped is decided when speculators builds
+    # its CacheConfig (asking the backend at activate() would cost ~1 s of imports):
+    #  0.16: CPUAttentionBackend accepts 16 ([MultipleOf(1)], a "vec16" path) -> kept.
+    #  0.32: get_supported_kernel_block_sizes() == [MultipleOf(32)] -> dropped.
+    return APPLIED if e.cpu_platform else NOT_NEEDED
 
 
 def _kv_engine_sets(e: Env) -> Status:
@@ -765,10 +756,10 @@ def _legacy_cpu_block_size(base, gen, cfg, adapter):
     assert plain.cache_config.block_size == 16  # speculators' 16 is kept by the platform
     accepts_16 = CPUAttentionBackend.supports_block_size(16)
     with one(base, adapter) as applied:
-        assert applied == (not accepts_16)
+        assert applied  # CPU platform; the backend is asked at CacheConfig time
         shimmed = build_vllm_config(cache_config=gen.CacheConfig(**call))
         final = shimmed.cache_config.block_size
-        if applied:
+        if not accepts_16:
             # The hard-coded 16 is dropped: the platform picks a size its attention
             # backend accepts (0.32: 128).
             assert getattr(shimmed.cache_config, "user_specified_block_size", False) is False
