@@ -1,0 +1,909 @@
+"""Throughput and overhead of speculators' unchanged generator through speculators-compat.
+
+Measures, on one checkpoint, one set of token sequences and one machine, each run in a
+fresh process (the script re-invokes itself with ``--child MODE``), modes alternating
+``a, b, d, c_vllm, c_activate, c_activate_warm`` for ``--repeats`` rounds:
+
+  a                vLLM's own prefill-only throughput: ``LLM.generate`` with ``max_tokens=1``,
+                   prefix caching off, scheduler limits matched to speculators' (the ceiling
+                   for extracting through that engine; no hidden states leave the engine).
+  b                speculators' unchanged ``VllmHiddenStatesGenerator`` through the shim,
+                   4 layers, same tokens; includes returning every hidden state to the
+                   driver. Time broken down by driver-side timers (schedule, execute_model,
+                   each collective_rpc, rest).
+  d                the capture's own cost: one generator, ``generate`` timed with the capture
+                   on and off in ABBA order (off: hooks removed in the worker through a
+                   ``collective_rpc`` callable; speculators' generate then runs every step and
+                   ends with "Failed to capture hidden states", caught and timed).
+  c_vllm           ``import vllm`` (and then ``from vllm import LLM``) in a fresh process.
+  c_activate       after ``import vllm``: ``import speculators_compat; activate()``, which
+                   includes importing speculators' generator module.
+  c_activate_warm  after ``import vllm`` and speculators' generator module (with the one
+                   transformers-5 fix it needs to import): ``activate()`` alone, i.e. the
+                   shim's own cost.
+
+Every (a)/(b)/(d) call also records the CPU time of each process of the child's tree and,
+through ``collective_rpc`` callables, the worker's own ``execute_model``/``sample_tokens``
+wall and CPU time (the forward itself, comparable between (a) and (b)).
+
+Usage (one command; see docs/performance.md)::
+
+    PYTHONPATH=.envs/speculators-0.4.0.1 .envs/vllm-0.32.0/bin/python benchmarks/bench.py
+
+    # small smoke configuration (not for conclusions)
+    ... benchmarks/bench.py --repeats 2 --num-seqs 4 --seq-len 64 --out /tmp/r.json \
+        --plot /tmp/perf.svg
+
+    # re-render plot / docs from a results file without re-running
+    ... benchmarks/bench.py --render benchmarks/results.json --update-docs
+
+The parent writes ``benchmarks/results.json`` (every child's raw JSON plus aggregates),
+``docs/perf.svg`` and, with ``--update-docs``, the generated block of
+``docs/performance.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MARK = "@@BENCH-RESULT@@ "
+MODES = ("a", "b", "d", "c_vllm", "c_activate", "c_activate_warm")
+GENERATOR_MODULE = "speculators.data_generation.vllm_hidden_states_generator"
+# speculators 0.3/0.4 generator constants (vllm_hidden_states_generator.py)
+SPEC_MAX_NUM_SEQS = 32
+SPEC_MIN_MAX_BATCHED_TOKENS = 8192
+
+# ~100M-parameter llama (head_dim 64: supported by vLLM's CPU attention).
+MODEL_OVERRIDES = {"hidden_size": 768, "intermediate_size": 2560, "num_hidden_layers": 12,
+                   "num_attention_heads": 12, "num_key_value_heads": 12, "head_dim": 64}
+
+
+# ----------------------------------------------------------------------------- helpers
+def _emit(result: dict) -> None:
+    sys.stdout.flush()
+    print(MARK + json.dumps(result, default=str), flush=True)
+
+
+def _sequences(p: dict) -> list[list[int]]:
+    from speculators_compat.demo.runner import make_sequences
+
+    return make_sequences(p["num_seqs"], seed=1234, min_len=p["seq_len"],
+                          max_len=p["seq_len"], vocab=p["vocab_size"])
+
+
+def _warmup_sequences(p: dict) -> list[list[int]]:
+    """``full``: a batch shaped like the timed one (other tokens), so one-off costs of the
+    large shapes (allocations, kernel selection) are not timed; ``small``: 2 x 16."""
+    from speculators_compat.demo.runner import make_sequences
+
+    if p.get("warmup", "full") == "full":
+        return make_sequences(p["num_seqs"], seed=99, min_len=p["seq_len"],
+                              max_len=p["seq_len"], vocab=p["vocab_size"])
+    return make_sequences(2, seed=99, min_len=16, max_len=16, vocab=p["vocab_size"])
+
+
+def _process_tree_info() -> list[dict]:
+    """Threads and CPU affinity of this process and its children (vLLM's workers)."""
+    try:
+        import psutil
+    except ImportError:
+        return []
+    me = psutil.Process()
+    out = []
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            out.append({"pid": proc.pid, "name": proc.name(), "threads": proc.num_threads(),
+                        "affinity": proc.cpu_affinity() if hasattr(proc, "cpu_affinity")
+                        else None})
+        except psutil.Error:
+            pass
+    return out
+
+
+def _cpu_times() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of this process and its descendants, by pid."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    me = psutil.Process()
+    out = {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            ct = proc.cpu_times()
+            name = "driver" if proc.pid == me.pid else proc.name()
+            out[proc.pid] = (name, ct.user + ct.system)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _cpu_delta(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds spent between two snapshots, summed by process name."""
+    out: dict[str, float] = {}
+    for pid, (name, cpu) in after.items():
+        out[name] = out.get(name, 0.0) + cpu - before.get(pid, (name, 0.0))[1]
+    return {k: v for k, v in out.items() if v > 0.0005}
+
+
+class Timers:
+    """Wall-clock totals of wrapped instance methods (driver side). Data untouched.
+
+    Only outermost calls count towards the breakdown; a wrapped call made inside another
+    (``execute_model`` sends ``collective_rpc("execute_model")``) is recorded separately
+    under ``nested`` as ``outer>inner``.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.nested: dict[str, float] = {}
+        self._stack: list[str] = []
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+        self.nested.clear()
+
+    def wrap(self, obj, name: str, *, by_method: bool = False) -> None:
+        orig = getattr(obj, name)
+        timers = self
+
+        def timed(*args, **kwargs):
+            key = name
+            if by_method:
+                m = args[0] if args else kwargs.get("method")
+                key = f"{name}:{m if isinstance(m, str) else getattr(m, '__name__', 'callable')}"
+            outer = timers._stack[-1] if timers._stack else None
+            timers._stack.append(key)
+            t = time.perf_counter()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                dt = time.perf_counter() - t
+                timers._stack.pop()
+                if outer is None:
+                    timers.seconds[key] = timers.seconds.get(key, 0.0) + dt
+                    timers.calls[key] = timers.calls.get(key, 0) + 1
+                else:
+                    k = f"{outer}>{key}"
+                    timers.nested[k] = timers.nested.get(k, 0.0) + dt
+
+        setattr(obj, name, timed)
+
+    def snapshot(self, total: float) -> dict:
+        rest = total - sum(self.seconds.values())
+        return {"seconds": {**dict(self.seconds), "rest": rest}, "calls": dict(self.calls),
+                "nested": dict(self.nested)}
+
+
+def _configs(vllm_config) -> dict:
+    sc, cc, mc, pc = (vllm_config.scheduler_config, vllm_config.cache_config,
+                      vllm_config.model_config, vllm_config.parallel_config)
+    out = {
+        "max_num_seqs": sc.max_num_seqs,
+        "max_num_batched_tokens": sc.max_num_batched_tokens,
+        "enable_chunked_prefill": getattr(sc, "enable_chunked_prefill", None),
+        "async_scheduling": getattr(sc, "async_scheduling", None),
+        "block_size": cc.block_size,
+        "enable_prefix_caching": cc.enable_prefix_caching,
+        "dtype": str(mc.dtype),
+        "enforce_eager": mc.enforce_eager,
+        "max_model_len": mc.max_model_len,
+        "executor_backend": str(pc.distributed_executor_backend),
+    }
+    try:
+        out["use_v2_model_runner"] = bool(vllm_config.use_v2_model_runner)
+    except Exception as exc:  # noqa: BLE001
+        out["use_v2_model_runner"] = f"unknown ({type(exc).__name__})"
+    return out
+
+
+# ------------------------------------------------------------------------------ children
+def child_build(p: dict) -> dict:
+    import transformers
+    from safetensors import safe_open
+
+    from speculators_compat.demo.checkpoints import build_checkpoint
+
+    path = Path(p["ckpt_root"]) / f"tf-{transformers.__version__}" / p["ckpt_name"]
+    t = time.perf_counter()
+    path = build_checkpoint("llama", path, **p["overrides"])
+    built_s = time.perf_counter() - t
+    n_params = 0
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            for k in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                n = 1
+                for d in fh.get_slice(k).get_shape():
+                    n *= d
+                n_params += n
+    cfg = json.loads((path / "config.json").read_text())
+    return {"path": str(path), "params": n_params, "build_seconds": built_s,
+            "num_hidden_layers": cfg["num_hidden_layers"], "vocab_size": cfg["vocab_size"],
+            "config": {k: cfg.get(k) for k in ("hidden_size", "intermediate_size",
+                                                "num_hidden_layers", "num_attention_heads",
+                                                "num_key_value_heads", "head_dim",
+                                                "vocab_size", "dtype", "torch_dtype")}}
+
+
+def child_a(p: dict) -> dict:
+    t = time.perf_counter()
+    from vllm import LLM, SamplingParams
+    import_s = time.perf_counter() - t
+
+    seqs = _sequences(p)
+    defaults = None
+    try:  # what LLM would pick without the explicit limits (reported only)
+        from vllm.engine.arg_utils import EngineArgs
+
+        ea = EngineArgs(model=p["model"], enforce_eager=True, enable_prefix_caching=False,
+                        max_model_len=p["max_model_len"], dtype="bfloat16")
+        dc = ea.create_engine_config()
+        defaults = {"max_num_seqs": dc.scheduler_config.max_num_seqs,
+                    "max_num_batched_tokens": dc.scheduler_config.max_num_batched_tokens}
+    except Exception as exc:  # noqa: BLE001
+        defaults = {"error": f"{type(exc).__name__}: {exc}"}
+
+    kwargs = dict(model=p["model"], enforce_eager=True, enable_prefix_caching=False,
+                  max_model_len=p["max_model_len"], dtype="bfloat16", seed=0)
+    if p["match_scheduler"]:
+        kwargs.update(max_num_seqs=SPEC_MAX_NUM_SEQS,
+                      max_num_batched_tokens=max(SPEC_MIN_MAX_BATCHED_TOKENS,
+                                                 p["max_model_len"]))
+    t = time.perf_counter()
+    llm = LLM(**kwargs)
+    startup_s = time.perf_counter() - t
+    sp = SamplingParams(max_tokens=1, temperature=0.0)
+
+    def prompts(ss):
+        return [{"prompt_token_ids": list(s)} for s in ss]
+
+    t = time.perf_counter()
+    llm.generate(prompts(_warmup_sequences(p)), sp, use_tqdm=False)
+    warm_s = time.perf_counter() - t
+    steps_ok = _try(lambda: llm.collective_rpc(_time_worker_steps))
+    calls, cpus, steps, ok = [], [], [], True
+    for _ in range(p["calls"]):
+        c0 = _cpu_times()
+        t = time.perf_counter()
+        outs = llm.generate(prompts(seqs), sp, use_tqdm=False)
+        calls.append(time.perf_counter() - t)
+        cpus.append(_cpu_delta(c0, _cpu_times()))
+        if steps_ok is True or isinstance(steps_ok, list):
+            steps.append(llm.collective_rpc(_read_worker_steps)[0])
+        ok = ok and (len(outs) == len(seqs)
+                     and all(list(o.prompt_token_ids) == s for o, s in zip(outs, seqs))
+                     and all(len(o.outputs[0].token_ids) == 1 for o in outs))
+        del outs
+    tokens = sum(len(s) for s in seqs)
+    gen_s = statistics.median(calls)
+    return {"tokens": tokens, "seconds": gen_s, "tokens_per_s": tokens / gen_s,
+            "calls_s": calls, "cpu_s": _median_cpu(cpus), "cpu_s_per_call": cpus,
+            "worker_steps": _median_steps(steps), "worker_steps_per_call": steps,
+            "worker_steps_error": None if isinstance(steps_ok, list) else steps_ok,
+            "startup_s": startup_s, "import_s": import_s,
+            "warmup_s": warm_s, "ok": ok,
+            "config": _configs(llm.llm_engine.vllm_config), "llm_defaults": defaults,
+            "processes": _process_tree_info()}
+
+
+def _capture_off(worker) -> bool:
+    """Runs in the vLLM worker (sent by collective_rpc): remove the shim's hooks and its
+    execute_model wrapper, and stop recording. ``_setup_hidden_states_capture`` (speculators'
+    own ``_setup_capture``) installs a fresh capture again."""
+    cap = getattr(worker, "_compat_capture", None)
+    if cap is None:
+        return False
+    cap.remove()
+    cap.enabled = False
+    return True
+
+
+def _time_hooks(worker) -> int:
+    """Runs in the worker: wrap the capture's forward hooks with CPU-time (thread_time) and
+    wall-clock counters, readable with ``_read_hook_timers``. Benchmark-only; the hooks'
+    behaviour and data are unchanged."""
+    cap = getattr(worker, "_compat_capture", None)
+    if cap is None:
+        return 0
+    stats = {"cpu_s": 0.0, "wall_s": 0.0, "calls": 0}
+    worker._bench_hook_stats = stats
+    n = 0
+    for handle in cap._handles:
+        hooks = handle.hooks_dict_ref()
+        if hooks is None or handle.id not in hooks:
+            continue
+        orig = hooks[handle.id]
+
+        def timed(module, inputs, output, _orig=orig):
+            c, w = time.thread_time(), time.perf_counter()
+            try:
+                return _orig(module, inputs, output)
+            finally:
+                stats["cpu_s"] += time.thread_time() - c
+                stats["wall_s"] += time.perf_counter() - w
+                stats["calls"] += 1
+
+        hooks[handle.id] = timed
+        n += 1
+    return n
+
+
+def _read_hook_timers(worker) -> dict | None:
+    stats = getattr(worker, "_bench_hook_stats", None)
+    if stats is None:
+        return None
+    out = dict(stats)
+    stats.update(cpu_s=0.0, wall_s=0.0, calls=0)
+    return out
+
+
+def _time_worker_steps(worker) -> bool:
+    """Runs in the worker: time its ``execute_model`` and ``sample_tokens`` (wall clock and
+    CPU time of the whole worker process), readable with ``_read_worker_steps``. Sent to
+    (a)'s and (b)'s workers alike, so the forward work of both paths is compared directly,
+    without the orchestration around it. Benchmark-only; results unchanged."""
+    inner = getattr(worker, "worker", worker)
+    stats = {"wall_s": 0.0, "cpu_s": 0.0, "calls": 0}
+    inner._bench_step_stats = stats
+    for name in ("execute_model", "sample_tokens"):
+        orig = getattr(inner, name)
+
+        def timed(*args, _orig=orig, **kwargs):
+            c, w = time.process_time(), time.perf_counter()
+            try:
+                return _orig(*args, **kwargs)
+            finally:
+                stats["cpu_s"] += time.process_time() - c
+                stats["wall_s"] += time.perf_counter() - w
+                stats["calls"] += 1
+
+        setattr(inner, name, timed)
+    return True
+
+
+def _read_worker_steps(worker) -> dict | None:
+    inner = getattr(worker, "worker", worker)
+    stats = getattr(inner, "_bench_step_stats", None)
+    if stats is None:
+        return None
+    out = dict(stats)
+    stats.update(wall_s=0.0, cpu_s=0.0, calls=0)
+    return out
+
+
+def _worker_info(worker) -> dict:
+    import torch
+
+    runner = getattr(worker, "model_runner", None)
+    return {"model_runner": f"{type(runner).__module__}.{type(runner).__name__}",
+            "torch_threads": torch.get_num_threads(), "pid": os.getpid()}
+
+
+def _start_generator(p: dict):
+    t = time.perf_counter()
+    import speculators_compat
+
+    rep = speculators_compat.activate()
+    from speculators.data_generation.vllm_hidden_states_generator import (
+        VllmHiddenStatesGenerator,
+    )
+    import_s = time.perf_counter() - t
+    t = time.perf_counter()
+    gen = VllmHiddenStatesGenerator(p["model"], layer_ids=list(p["layer_ids"]),
+                                    max_model_len=p["max_model_len"])
+    startup_s = time.perf_counter() - t
+    t = time.perf_counter()
+    gen.generate(_warmup_sequences(p))
+    warm_s = time.perf_counter() - t
+    timers = Timers()
+    for name in ("schedule", "add_request", "finish_requests"):
+        timers.wrap(gen.scheduler, name)
+    timers.wrap(gen.executor, "execute_model")
+    timers.wrap(gen.executor, "sample_tokens")
+    timers.wrap(gen.executor, "collective_rpc", by_method=True)
+    info = {"import_s": import_s, "startup_s": startup_s, "warmup_s": warm_s,
+            "config": _configs(gen.vllm_config),
+            "scheduler_limits": {
+                "max_num_seqs": getattr(gen.scheduler, "max_num_running_reqs", None),
+                "max_num_scheduled_tokens": getattr(gen.scheduler, "max_num_scheduled_tokens",
+                                                    None)},
+            "worker": gen.executor.collective_rpc(_worker_info),
+            "adapters_applied": [a["name"] for a in rep.as_dict()["adapters"]
+                                 if a["status"] == "applied"],
+            "versions": rep.as_dict()["versions"]}
+    return gen, timers, info
+
+
+def _check_results(res, seqs, n_layers: int, hidden: int) -> tuple[bool, int]:
+    nbytes = 0
+    ok = len(res) == len(seqs)
+    for r, s in zip(res, seqs):
+        ok = ok and r["input_ids"].tolist() == s and len(r["hidden_states"]) == n_layers
+        for h in r["hidden_states"]:
+            ok = ok and tuple(h.shape) == (len(s), hidden)
+            nbytes += h.numel() * h.element_size()
+    return bool(ok), nbytes
+
+
+def _median_breakdown(snaps: list[dict]) -> dict:
+    keys = sorted({k for sn in snaps for k in sn["seconds"]})
+    nested = sorted({k for sn in snaps for k in sn["nested"]})
+    return {"seconds": {k: statistics.median([sn["seconds"].get(k, 0.0) for sn in snaps])
+                        for k in keys},
+            "nested": {k: statistics.median([sn["nested"].get(k, 0.0) for sn in snaps])
+                       for k in nested},
+            "calls": snaps[-1]["calls"], "per_call": snaps}
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _median_steps(steps: list) -> dict | None:
+    steps = [x for x in steps if x]
+    if not steps:
+        return None
+    return {k: statistics.median([x[k] for x in steps]) for k in ("wall_s", "cpu_s", "calls")}
+
+
+def _median_cpu(cpus: list[dict]) -> dict[str, float]:
+    keys = sorted({k for c in cpus for k in c})
+    return {k: statistics.median([c.get(k, 0.0) for c in cpus]) for k in keys}
+
+
+def child_b(p: dict) -> dict:
+    seqs = _sequences(p)
+    gen, timers, info = _start_generator(p)
+    gen.executor.collective_rpc(_time_worker_steps)
+    calls, snaps, cpus, steps, ok, nbytes = [], [], [], [], True, 0
+    for _ in range(p["calls"]):
+        timers.reset()
+        c0 = _cpu_times()
+        t = time.perf_counter()
+        res = gen.generate(seqs)
+        dt = time.perf_counter() - t
+        cpus.append(_cpu_delta(c0, _cpu_times()))
+        snaps.append(timers.snapshot(dt))
+        steps.append(gen.executor.collective_rpc(_read_worker_steps)[0])
+        calls.append(dt)
+        good, nbytes = _check_results(res, seqs, len(set(p["layer_ids"])), p["hidden_size"])
+        ok = ok and good
+        del res
+    tokens = sum(len(s) for s in seqs)
+    gen_s = statistics.median(calls)
+    return {"tokens": tokens, "seconds": gen_s, "tokens_per_s": tokens / gen_s,
+            "calls_s": calls, "cpu_s": _median_cpu(cpus), "cpu_s_per_call": cpus,
+            "worker_steps": _median_steps(steps), "worker_steps_per_call": steps,
+            "ok": ok, "hidden_state_bytes": nbytes,
+            "breakdown": _median_breakdown(snaps), **info,
+            "processes": _process_tree_info()}
+
+
+def child_d(p: dict) -> dict:
+    """Capture on vs off in one generator, ABBA order (on,off,off,on / off,on,on,off by
+    round parity), ``d_pairs`` pairs."""
+    seqs = _sequences(p)
+    gen, timers, info = _start_generator(p)
+    tokens = sum(len(s) for s in seqs)
+    block = ["on", "off", "off", "on"] if p["repeat"] % 2 == 0 else ["off", "on", "on", "off"]
+    order = (block * p["d_pairs"])[: 2 * p["d_pairs"]]
+    gen.executor.collective_rpc(_time_worker_steps)
+    runs: dict[str, list] = {"on": [], "off": []}
+    state = "on"
+    ok = True
+    for want in order:
+        if want != state:
+            if want == "off":
+                done = gen.executor.collective_rpc(_capture_off)
+                if not all(done):
+                    raise RuntimeError(f"could not switch the capture off: {done}")
+            else:
+                gen._setup_capture()  # speculators' own method: fresh capture in the workers
+            state = want
+        if state == "on":
+            gen.executor.collective_rpc(_time_hooks)
+        timers.reset()
+        c0 = _cpu_times()
+        t = time.perf_counter()
+        error = None
+        try:
+            res = gen.generate(seqs)
+        except RuntimeError as exc:
+            if state == "on" or "Failed to capture hidden states" not in str(exc):
+                raise
+            res, error = None, str(exc)
+        dt = time.perf_counter() - t
+        run = {"seconds": dt, "breakdown": timers.snapshot(dt),
+               "cpu_s": _cpu_delta(c0, _cpu_times()),
+               "worker_steps": gen.executor.collective_rpc(_read_worker_steps)[0]}
+        if state == "on":
+            run["hooks"] = gen.executor.collective_rpc(_read_hook_timers)[0]
+            good, run["hidden_state_bytes"] = _check_results(
+                res, seqs, len(set(p["layer_ids"])), p["hidden_size"])
+            ok = ok and good
+            del res
+        else:
+            run["ended_with"] = error
+        runs[state].append(run)
+
+    def summary(rs):
+        sec = statistics.median([r["seconds"] for r in rs])
+        return {"seconds": sec, "tokens_per_s": tokens / sec,
+                "calls_s": [r["seconds"] for r in rs],
+                "cpu_s": _median_cpu([r["cpu_s"] for r in rs]),
+                "hooks": [r.get("hooks") for r in rs],
+                "worker_steps": _median_steps([r["worker_steps"] for r in rs]),
+                "breakdown": _median_breakdown([r["breakdown"] for r in rs])}
+
+    on, off = summary(runs["on"]), summary(runs["off"])
+    on["hook_cpu_s"] = statistics.median([h["cpu_s"] for h in on["hooks"] if h])
+    return {"tokens": tokens, "order": order, "on": on, "off": off,
+            "overhead_s": on["seconds"] - off["seconds"],
+            "overhead_frac": (on["seconds"] - off["seconds"]) / on["seconds"],
+            "ended_with": runs["off"][0]["ended_with"], "ok": ok, **info}
+
+
+def child_c_vllm(p: dict) -> dict:
+    t = time.perf_counter()
+    import vllm  # noqa: F401
+    import_vllm_s = time.perf_counter() - t
+    n_mod = len(sys.modules)
+    t = time.perf_counter()
+    from vllm import LLM  # noqa: F401
+    llm_s = time.perf_counter() - t
+    return {"import_vllm_s": import_vllm_s, "from_vllm_import_LLM_s": llm_s,
+            "modules_after_import_vllm": n_mod, "modules_after_LLM": len(sys.modules)}
+
+
+def child_c_activate(p: dict) -> dict:
+    """Cold: ``import speculators_compat; activate()`` right after ``import vllm``; this
+    includes importing speculators' generator module (and whatever vLLM modules it and the
+    shim's probes pull in). Not split further: a shared dependency is charged to whichever
+    import comes first, so per-probe attribution here would mislead; ``c_activate_warm``
+    measures the shim's own part cleanly."""
+    import vllm  # noqa: F401
+
+    n0 = len(sys.modules)
+    t = time.perf_counter()
+    import speculators_compat
+
+    speculators_compat.activate()
+    total = time.perf_counter() - t
+    return {"activate_total_s": total, "modules_added": len(sys.modules) - n0}
+
+
+def child_c_activate_warm(p: dict) -> dict:
+    """``activate()`` after vLLM and speculators' generator module are imported: the shim's
+    own cost. transformers 5 needs ``torch`` bound in ``transformers.configuration_utils``
+    for speculators to import at all; it is bound here exactly as the shim's
+    ``transformers5_config_torch`` adapter would (which then finds nothing to do)."""
+    import importlib
+
+    import vllm  # noqa: F401
+
+    cu = importlib.import_module("transformers.configuration_utils")
+    bound = False
+    if "torch" not in vars(cu):
+        import torch
+
+        cu.torch = torch
+        bound = True
+    n0 = len(sys.modules)
+    t = time.perf_counter()
+    importlib.import_module(GENERATOR_MODULE)
+    gen_s = time.perf_counter() - t
+    n1 = len(sys.modules)
+    t = time.perf_counter()
+    import speculators_compat
+
+    speculators_compat.activate()
+    act_s = time.perf_counter() - t
+    return {"import_generator_s": gen_s, "activate_s": act_s, "bound_torch": bound,
+            "modules_by_generator": n1 - n0, "modules_by_activate": len(sys.modules) - n1}
+
+
+CHILDREN = {"build": child_build, "a": child_a, "b": child_b, "d": child_d,
+            "c_vllm": child_c_vllm, "c_activate": child_c_activate,
+            "c_activate_warm": child_c_activate_warm}
+
+
+# -------------------------------------------------------------------------------- parent
+def run_child(mode: str, params: dict, timeout: int, log_dir: Path | None) -> dict:
+    env = dict(os.environ)
+    env.pop("SPECULATORS_COMPAT_ACTIVE", None)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(params["kv_cache_gib"]))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # lets LLM.collective_rpc carry the benchmark's timing callable to (a)'s worker (the
+    # generator's executor takes callables anyway); set for every mode alike
+    env.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    if params.get("pycache_prefix"):
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = params["pycache_prefix"]
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(x) for x in
+                                            env["PYTHONPATH"].split(os.pathsep) if x)
+    load_before = os.getloadavg()
+    with tempfile.NamedTemporaryFile("w+", suffix=f"-{mode}.log", delete=False,
+                                     dir=log_dir) as log:
+        t = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", mode,
+                                 "--params", json.dumps(params)], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        finally:
+            try:  # vLLM processes left by this child only (its own session)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        wall = time.perf_counter() - t
+    text = Path(log.name).read_text(errors="replace")
+    result = None
+    for line in text.splitlines():
+        if line.startswith(MARK):
+            result = json.loads(line[len(MARK):])
+    if result is None:
+        result = {"error": f"no result (rc={rc})", "log_tail": text[-4000:]}
+    if log_dir is None:
+        os.unlink(log.name)
+    else:
+        result["log"] = log.name
+    result.update(mode=mode, rc=rc, wall_s=wall, loadavg_before=load_before,
+                  loadavg_after=os.getloadavg())
+    return result
+
+
+def _stats(values: list[float]) -> dict | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values), "values": values}
+
+
+def aggregate(runs: list[dict]) -> dict:
+    def ok(mode):
+        return [r for r in runs if r["mode"] == mode and "error" not in r]
+
+    a, b, d = ok("a"), ok("b"), ok("d")
+    agg: dict = {}
+    agg["a_tokens_per_s"] = _stats([r["tokens_per_s"] for r in a])
+    agg["a_startup_s"] = _stats([r["startup_s"] for r in a])
+    agg["b_tokens_per_s"] = _stats([r["tokens_per_s"] for r in b])
+    agg["b_startup_s"] = _stats([r["startup_s"] for r in b])
+    agg["d_on_tokens_per_s"] = _stats([r["on"]["tokens_per_s"] for r in d])
+    agg["d_off_tokens_per_s"] = _stats([r["off"]["tokens_per_s"] for r in d])
+    agg["d_overhead_frac"] = _stats([r["overhead_frac"] for r in d])
+    agg["d_overhead_s"] = _stats([r["overhead_s"] for r in d])
+    for part in ("execute_model", "collective_rpc:_get_captured_states", "rest"):
+        for state in ("on", "off"):
+            agg[f"d_{state}.{part}"] = _stats([r[state]["breakdown"]["seconds"].get(part, 0.0)
+                                               for r in d])
+    for name, rows in (("a", [r["cpu_s"] for r in a]), ("b", [r["cpu_s"] for r in b]),
+                       ("d_on", [r["on"]["cpu_s"] for r in d]),
+                       ("d_off", [r["off"]["cpu_s"] for r in d])):
+        for proc in sorted({k for c in rows for k in c}):
+            agg[f"{name}_cpu_s.{proc}"] = _stats([c.get(proc, 0.0) for c in rows])
+    for name, rows in (("a", [r.get("worker_steps") for r in a]),
+                       ("b", [r.get("worker_steps") for r in b]),
+                       ("d_on", [r["on"].get("worker_steps") for r in d]),
+                       ("d_off", [r["off"].get("worker_steps") for r in d])):
+        rows = [x for x in rows if x]
+        agg[f"{name}_worker_step_wall_s"] = _stats([x["wall_s"] for x in rows])
+        agg[f"{name}_worker_step_cpu_s"] = _stats([x["cpu_s"] for x in rows])
+    agg["d_hook_cpu_s"] = _stats([r["on"].get("hook_cpu_s") for r in d])
+    agg["d_step_overhead_frac"] = _stats([
+        (r["on"]["breakdown"]["seconds"]["execute_model"]
+         - r["off"]["breakdown"]["seconds"]["execute_model"])
+        / r["off"]["breakdown"]["seconds"]["execute_model"] for r in d])
+    keys = sorted({k for r in b for k in r["breakdown"]["seconds"]})
+    agg["b_breakdown_s"] = {k: _stats([r["breakdown"]["seconds"].get(k, 0.0) for r in b])
+                            for k in keys}
+    agg["b_seconds"] = _stats([r["seconds"] for r in b])
+    for mode, fields in (("c_vllm", ("import_vllm_s", "from_vllm_import_LLM_s")),
+                         ("c_activate", ("activate_total_s",)),
+                         ("c_activate_warm", ("import_generator_s", "activate_s"))):
+        for f in fields:
+            agg[f"{mode}.{f}"] = _stats([r[f] for r in ok(mode)])
+    # ratios: of medians, and paired per round (adjacent runs)
+    ratios: dict = {}
+    if agg["a_tokens_per_s"] and agg["b_tokens_per_s"]:
+        ratios["b_over_a"] = (agg["b_tokens_per_s"]["median"]
+                              / agg["a_tokens_per_s"]["median"])
+        pairs = {}
+        for r in runs:
+            if r["mode"] in ("a", "b") and "error" not in r:
+                pairs.setdefault(r["repeat"], {})[r["mode"]] = r["tokens_per_s"]
+        ratios["b_over_a_paired"] = _stats([v["b"] / v["a"] for v in pairs.values()
+                                            if "a" in v and "b" in v])
+    wa, wb = agg.get("a_cpu_s.VLLM::Worker"), agg.get("b_cpu_s.VLLM::Worker")
+    if wa and wb:
+        ratios["worker_cpu_b_over_a"] = wb["median"] / wa["median"]
+    sa, sb = agg.get("a_worker_step_wall_s"), agg.get("b_worker_step_wall_s")
+    if sa and sb:
+        ratios["worker_step_wall_b_over_a"] = sb["median"] / sa["median"]
+    sa, sb = agg.get("a_worker_step_cpu_s"), agg.get("b_worker_step_cpu_s")
+    if sa and sb:
+        ratios["worker_step_cpu_b_over_a"] = sb["median"] / sa["median"]
+    won, woff = agg.get("d_on_cpu_s.VLLM::Worker"), agg.get("d_off_cpu_s.VLLM::Worker")
+    if won and woff:
+        ratios["d_worker_cpu_on_over_off"] = won["median"] / woff["median"]
+    if agg["a_tokens_per_s"] and agg["d_off_tokens_per_s"]:
+        ratios["d_off_over_a"] = (agg["d_off_tokens_per_s"]["median"]
+                                  / agg["a_tokens_per_s"]["median"])
+    iv = agg.get("c_vllm.import_vllm_s")
+    if iv:
+        for key, name in (("c_activate_warm.activate_s", "activate_own_over_import_vllm"),
+                          ("c_activate.activate_total_s",
+                           "activate_cold_total_over_import_vllm"),
+                          ("c_activate_warm.import_generator_s",
+                           "import_generator_over_import_vllm")):
+            if agg.get(key):
+                ratios[name] = agg[key]["median"] / iv["median"]
+    agg["ratios"] = ratios
+    targets = {}
+    if "b_over_a" in ratios:
+        targets["b_ge_0.9a"] = ratios["b_over_a"] >= 0.9
+    if "activate_own_over_import_vllm" in ratios:
+        targets["activate_lt_5pct_import_vllm"] = ratios["activate_own_over_import_vllm"] < 0.05
+    agg["targets"] = targets
+    return agg
+
+
+def machine_info() -> dict:
+    cpu = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from speculators_compat import _versions
+
+    return {"cpus": os.cpu_count(), "cpu_model": cpu, "python": platform.python_version(),
+            "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else None,
+            "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE"),
+            "LD_PRELOAD": os.environ.get("LD_PRELOAD"),
+            "platform": platform.platform(),
+            "versions": {m: _versions.installed(m) for m in
+                         ("vllm", "torch", "transformers", "speculators",
+                          "speculators_compat")}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--num-seqs", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=384)
+    ap.add_argument("--max-model-len", type=int, default=512)
+    ap.add_argument("--layers", default=None,
+                    help="comma-separated layer ids (default: speculators' own choice of 4, "
+                         "[2, n/2, n-3, n-1])")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help=f"subset of {','.join(MODES)}, run in this order each round")
+    ap.add_argument("--calls", type=int, default=3,
+                    help="timed generate() calls per (a)/(b) process (its value: the median)")
+    ap.add_argument("--d-pairs", type=int, default=2,
+                    help="(d): capture on/off pairs per process, ABBA order")
+    ap.add_argument("--warmup", choices=("full", "small"), default="full",
+                    help="untimed warm-up call: same shape as the timed one, or 2 x 16 tokens")
+    ap.add_argument("--no-match-scheduler", action="store_true",
+                    help="(a): keep LLM's default max_num_seqs/max_num_batched_tokens")
+    ap.add_argument("--kv-cache-gib", type=int, default=1,
+                    help="VLLM_CPU_KVCACHE_SPACE (GiB, integer) for the children, unless "
+                         "already set")
+    ap.add_argument("--no-pycache", action="store_true",
+                    help="run the children with the interpreter's bytecode settings as they "
+                         "are (default: write/read bytecode under .cache/bench/pycache, "
+                         "as an ordinary installation with .pyc files would)")
+    ap.add_argument("--no-prime", action="store_true",
+                    help="skip the untimed priming run of each mode (bytecode, page cache)")
+    ap.add_argument("--ckpt-root", default=str(ROOT / ".cache" / "bench"))
+    ap.add_argument("--timeout", type=int, default=1800, help="per child, seconds")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
+    ap.add_argument("--plot", default=str(ROOT / "docs" / "perf.svg"))
+    ap.add_argument("--update-docs", action="store_true",
+                    help="rewrite the generated results block of docs/performance.md")
+    ap.add_argument("--docs", default=str(ROOT / "docs" / "performance.md"))
+    ap.add_argument("--keep-logs", default=None, help="directory for the children's logs")
+    ap.add_argument("--render", default=None, metavar="RESULTS_JSON",
+                    help="only re-render plot/docs from an existing results file")
+    ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    ap.add_argument("--params", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+
+    if a.child:
+        sys.path.insert(0, str(ROOT / "src"))
+        _emit(CHILDREN[a.child](json.loads(a.params)))
+        return 0
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import perfreport
+
+    if a.render:
+        data = json.loads(Path(a.render).read_text())
+        data["aggregate"] = aggregate(data["runs"])
+        perfreport.write_outputs(data, plot=a.plot, docs=a.docs if a.update_docs else None)
+        print(perfreport.markdown(data))
+        return 0
+
+    modes = [m for m in a.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        ap.error(f"unknown modes {bad}")
+    log_dir = Path(a.keep_logs) if a.keep_logs else None
+    if log_dir:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    overrides = dict(MODEL_OVERRIDES)
+    name = "llama-" + "-".join(f"{k}{v}" for k, v in sorted(overrides.items()))
+    base = {"kv_cache_gib": a.kv_cache_gib,
+            "pycache_prefix": None if a.no_pycache else str(Path(a.ckpt_root) / "pycache")}
+    print(f"building/reusing checkpoint {name} ...", flush=True)
+    built = run_child("build", {**base, "ckpt_root": a.ckpt_root, "ckpt_name": name,
+                                "overrides": overrides}, a.timeout, log_dir)
+    if "error" in built:
+        print(json.dumps(built, indent=2))
+        return 1
+    n = built["num_hidden_layers"]
+    layers = ([int(x) for x in a.layers.split(",")] if a.layers
+              else [2, n // 2, n - 3, n - 1])
+    params = {**base, "model": built["path"], "num_seqs": a.num_seqs, "seq_len": a.seq_len,
+              "max_model_len": a.max_model_len, "layer_ids": layers,
+              "vocab_size": built["vocab_size"], "hidden_size": built["config"]["hidden_size"],
+              "match_scheduler": not a.no_match_scheduler, "calls": a.calls,
+              "d_pairs": a.d_pairs, "warmup": a.warmup}
+    print(f"checkpoint {built['path']}: {built['params']:,} parameters; "
+          f"{a.num_seqs} x {a.seq_len} tokens; layers {layers}; {a.repeats} rounds of "
+          f"{','.join(modes)}", flush=True)
+    data = {"argv": sys.argv[1:], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": machine_info(), "checkpoint": built, "params": params, "runs": []}
+    if not a.no_prime:
+        # untimed: compiles/caches bytecode, loads the checkpoint into the page cache
+        prime = {**params, "num_seqs": 2, "seq_len": 16, "repeat": -1, "calls": 1}
+        for mode in modes:
+            if mode != "d":
+                res = run_child(mode, prime, a.timeout, log_dir)
+                res["repeat"] = -1
+                data.setdefault("prime", []).append(res)
+                print("(prime) " + perfreport.one_line(res), flush=True)
+    for r in range(a.repeats):
+        for mode in modes:
+            res = run_child(mode, {**params, "repeat": r}, a.timeout, log_dir)
+            res["repeat"] = r
+            data["runs"].append(res)
+            print(perfreport.one_line(res), flush=True)
+    data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    data["aggregate"] = aggregate(data["runs"])
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(data, indent=1, default=str) + "\n")
+    perfreport.write_outputs(data, plot=a.plot, docs=a.docs if a.update_docs else None)
+    print(perfreport.markdown(data))
+    print(f"wrote {a.out}, {a.plot}" + (f", {a.docs}" if a.update_docs else ""))
+    failed = [r for r in data["runs"] + data.get("prime", [])
+              if "error" in r or r.get("ok") is False]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
