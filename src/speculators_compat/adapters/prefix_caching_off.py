@@ -6,7 +6,7 @@ tokens produce no hidden states (missing rows), KV state can leak between calls
 builds none) the block pool asserts. speculators 0.4 already disables it.
 How: the rebound ``CacheConfig`` in speculators' module passes
 ``enable_prefix_caching=False`` unless the caller chose a value.
-Applies when: the installed ``CacheConfig`` does not default prefix caching to off.
+Applies when: the installed ``CacheConfig`` defaults ``enable_prefix_caching`` to ``True``.
 Remove when: speculators 0.3.x support is dropped.
 """
 
@@ -31,8 +31,10 @@ class PrefixCachingOff(GeneratorAdapter):
         if params is None or "enable_prefix_caching" not in params:
             return Verdict.mismatch("CacheConfig has no enable_prefix_caching parameter")
         default = params["enable_prefix_caching"].default
-        if default is False:
-            return Verdict.not_needed("CacheConfig.enable_prefix_caching defaults to False")
+        if default is not True:
+            # 0.11.x: None (resolved per engine; speculators 0.3.0 was written for it)
+            return Verdict.not_needed(
+                f"CacheConfig.enable_prefix_caching defaults to {default!r}, not True")
         return Verdict.needed(f"CacheConfig.enable_prefix_caching defaults to {default!r}; "
                               "prefix hits would skip rows and need a block hasher")
 
