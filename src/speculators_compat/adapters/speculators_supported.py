@@ -7,7 +7,8 @@ it.
 How: a probe only (changes nothing): if speculators is installed but its
 ``data_generation.vllm_hidden_states_generator`` module is missing, ``activate()`` raises
 :class:`~speculators_compat.UnsupportedError` naming the version and the way forward.
-Applies when: never applies a patch; raises for speculators >= 0.5.
+Applies when: never applies a patch; raises for speculators >= 0.5, and for a vLLM
+older than the speculators release was written for (its generator's vLLM imports fail).
 Remove when: never (it is the shim's scope check).
 """
 
@@ -31,7 +32,18 @@ class SpeculatorsSupported(Adapter):
         spec = ctx.versions.get("speculators")
         if spec is None:
             return Verdict.not_needed("speculators is not installed")
-        if in_range(spec, ">=0.5.0.dev0") or _targets.generator_module(ctx) is None:
+        try:
+            missing = in_range(spec, ">=0.5.0.dev0") or _targets.generator_module(ctx) is None
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("vllm"):
+                raise
+            raise UnsupportedError(
+                f"speculators-compat: speculators {spec}'s generator imports {exc.name}, "
+                f"which vLLM {ctx.versions.get('vllm')} does not have (older than the vLLM "
+                "this speculators release was written for; no adapter of this shim can "
+                "supply it). Use a vLLM at least as new as speculators' own pin (0.4.x: "
+                "vllm>=0.12), or speculators 0.3.0 on vLLM 0.11.") from exc
+        if missing:
             raise UnsupportedError(
                 f"speculators-compat: speculators {spec} has no in-process hidden-state "
                 f"generator ({_targets.GENERATOR_MODULE}); this shim only serves speculators "
