@@ -455,8 +455,14 @@ def run_env(data: dict[str, Any], name: str, specs: list[str], args) -> bool:
             save(data)
             continue
         if doc.get("supported") is not True:
-            ok = False
-            srec["range_disagreements"] = []
+            # Nothing else runs with a refused combination; drop older parts of the record.
+            rec["speculators"][spec] = srec = {"doctor": doc}
+            vt = _vllm_tuple((doc.get("versions") or {}).get("vllm"))
+            older = spec in PINNED and vt is not None and vt < PINNED[spec][0]
+            if doc.get("supported") is False and older:
+                srec["expected"] = "refused"  # vLLM older than this speculators release
+            else:
+                ok = False
             log(f"{name} × {spec}: doctor: {doc.get('error')}")
             save(data)
             continue
@@ -689,6 +695,10 @@ def render(data: dict[str, Any]) -> str:
             if doc.get("supported") is False:
                 refusals.setdefault(doc.get("error") or "", []).append(
                     f"{r['env']} × {spec}")
+                if s.get("expected") != "refused":
+                    notes.append(f"- **{r['env']} × speculators {spec}**: refused, where it "
+                                 "should run")
+                continue
             elif doc.get("supported") is None and doc:
                 notes.append(f"- **{r['env']} × speculators {spec}**: doctor failed: "
                              f"{_code(_short(doc.get('error'), 300))}")
