@@ -92,9 +92,13 @@ def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequ
                     max_model_len=max_model_len, **kwargs)
         try:
             if activate:
+                from .._plugin import worker_report
+
+                # A function, not the extension's RPC: speculators' own extension (where
+                # hook_capture is not needed, e.g. its pinned vLLM) has no report method.
                 result["worker_reports"] = steps(
                     "ask vLLM workers for their activation report",
-                    gen.executor.collective_rpc, "_speculators_compat_report")
+                    gen.executor.collective_rpc, worker_report)
             outputs = []
             for b, batch in enumerate(batches):
                 t = time.perf_counter()
