@@ -18,7 +18,20 @@ TARGET = ROOT / "docs" / "adapters.md"
 
 
 def render() -> str:
+    from speculators_compat._core import Kind
     from speculators_compat.adapters import ADAPTERS
+
+    KIND_TEXT = {
+        Kind.UPSTREAM_CHANGE: "follows a change in vLLM (or transformers) since the release "
+                              "speculators pinned; none applies on that release (vLLM 0.11.0 "
+                              "for speculators 0.3.0)",
+        Kind.PLATFORM: "lets the pipeline run where upstream never ran it (vLLM's CPU "
+                       "platform, no CUDA device); not needed on a GPU machine",
+        Kind.SAFEGUARD: "guards against a data-loss or crash hazard in speculators' own code, "
+                        "on every vLLM where the hazard exists; valid input gives the same "
+                        "result with or without it",
+        Kind.SCOPE: "patches nothing: refuses what the shim cannot support",
+    }
 
     lines = [
         "# Adapters",
@@ -30,12 +43,19 @@ def render() -> str:
         "decided by probing the installed API (signatures, attributes, modules); the vLLM range",
         "is documentation and a guard. `doctor` shows each verdict for your installation.",
         "",
-        "| adapter | phase | vLLM range | what it does | upstream change | remove when |",
-        "|---|---|---|---|---|---|",
+        "Kinds (why an adapter exists, so when it is expected to act):",
+        "",
+        *[f"- `{k.value}`: {KIND_TEXT[k]}" for k in Kind],
+        "",
+        "`SPECULATORS_COMPAT_DISABLE` takes adapter names or these kinds (not `scope`).",
+        "",
+        "| adapter | kind | phase | vLLM range | what it does | upstream change | remove when |",
+        "|---|---|---|---|---|---|---|",
     ]
     for a in ADAPTERS:
         d = a.describe()
-        lines.append(f"| `{d['name']}` | {d['phase']} | `{d['vllm_range'] or 'any'}` | "
+        lines.append(f"| `{d['name']}` | {d['kind']} | {d['phase']} | "
+                     f"`{d['vllm_range'] or 'any'}` | "
                      f"{d['summary']} | {d['upstream']} | {d['remove_when']} |")
     lines += ["", "## Details", ""]
     for a in ADAPTERS:

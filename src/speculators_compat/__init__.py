@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from ._core import Activation, CompatError, Report, Status, UnsupportedError
+from ._core import Activation, CompatError, Kind, Report, Status, UnsupportedError
 
 __version__ = "0.1.0"
-__all__ = ["activate", "deactivate", "report", "save_report", "CompatError", "Report",
-           "Status", "UnsupportedError", "__version__"]
+__all__ = ["activate", "deactivate", "report", "save_report", "CompatError", "Kind",
+           "Report", "Status", "UnsupportedError", "__version__"]
 
 logging.getLogger("speculators_compat").addHandler(logging.NullHandler())
 

@@ -85,7 +85,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     width = max(len(a["name"]) for a in data["adapters"])
     for a in data["adapters"]:
         status = "applies" if a["status"] == "applied" else a["status"]
-        print(f"  {a['name']:<{width}}  {status:<10}  {a['reason']}")
+        print(f"  {a['name']:<{width}}  {status:<10}  {a.get('kind', ''):<15}  {a['reason']}")
     problems = [a for a in data["adapters"] if a["status"] in ("mismatch", "failed")]
     if problems:
         print(f"{len(problems)} adapter(s) cannot help with this installation; see "

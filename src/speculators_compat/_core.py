@@ -38,6 +38,23 @@ class Status(str, enum.Enum):
     DISABLED = "disabled"  # switched off by name (env var or ``only=``)
 
 
+class Kind(str, enum.Enum):
+    """Why an adapter exists; says when it is expected to apply.
+
+    Only ``upstream-change`` adapters follow vLLM (and transformers) releases: none of
+    them applies on the vLLM a speculators release pinned (0.11.0 for 0.3.0).
+    ``platform`` adapters let the pipeline run where upstream never ran it (vLLM's CPU
+    platform, no CUDA device) and apply only there. ``safeguard`` adapters guard against
+    data-loss or crash hazards in speculators' own code, on every vLLM where the hazard
+    exists; ``scope`` adapters only refuse what the shim cannot support.
+    """
+
+    UPSTREAM_CHANGE = "upstream-change"
+    PLATFORM = "platform"
+    SAFEGUARD = "safeguard"
+    SCOPE = "scope"
+
+
 class Phase(str, enum.Enum):
     """Where an adapter acts: the process that drives vLLM, or vLLM's worker processes."""
 
@@ -96,6 +113,8 @@ class Adapter:
     #: speculators versions whose code it serves.
     speculators_range: str | None = ">=0.3.0.dev0,<0.5.0.dev0"
     phase: Phase = Phase.DRIVER
+    #: Why it exists (:class:`Kind`): which installations it is expected to act on.
+    kind: Kind = Kind.UPSTREAM_CHANGE
     #: When the adapter can be deleted.
     remove_when: str = ""
 
@@ -113,6 +132,7 @@ class Adapter:
             "vllm_range": self.vllm_range,
             "speculators_range": self.speculators_range,
             "phase": self.phase.value,
+            "kind": self.kind.value,
             "remove_when": self.remove_when,
         }
 
@@ -223,6 +243,7 @@ class AdapterResult:
     phase: str
     vllm_range: str | None
     changes: list[str] = field(default_factory=list)
+    kind: str = Kind.UPSTREAM_CHANGE.value
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -254,6 +275,10 @@ class Report:
     def applied(self) -> list[str]:
         return self.by_status(Status.APPLIED)
 
+    def applied_of(self, kind: Kind) -> list[str]:
+        return [r.name for r in self.results
+                if r.status is Status.APPLIED and r.kind == kind.value]
+
     @property
     def problems(self) -> list[AdapterResult]:
         return [r for r in self.results if r.status in (Status.MISMATCH, Status.FAILED)]
@@ -283,15 +308,17 @@ class Report:
             counts[r.status.value] = counts.get(r.status.value, 0) + 1
         parts = ", ".join(f"{n} {s}" for s, n in counts.items())
         v = self.versions
+        by_kind = "; ".join(f"{k.value}: {', '.join(names)}" for k in Kind
+                            if (names := self.applied_of(k)))
         return (f"speculators-compat {v.get('speculators_compat')} active in {self.process} "
                 f"pid {self.pid} (vllm {v.get('vllm')}, speculators {v.get('speculators')}): "
-                f"{parts}; applied: {', '.join(self.applied) or 'none'}")
+                f"{parts}; applied: {by_kind or 'none'}")
 
     def __str__(self) -> str:
         lines = [self.summary_line()]
         width = max((len(r.name) for r in self.results), default=0)
         for r in self.results:
-            lines.append(f"  {r.name:<{width}}  {r.status.value:<10}  {r.reason}")
+            lines.append(f"  {r.name:<{width}}  {r.status.value:<10}  {r.kind:<15}  {r.reason}")
         return "\n".join(lines)
 
 
@@ -324,9 +351,11 @@ class Activation:
                     f"speculators-compat: unknown adapter name(s) {sorted(selected - known)}; "
                     f"known: {sorted(known)}")
             disabled = _env.names(os.environ.get(_env.DISABLE))
-            if disabled - known:
+            known_or_kind = known | {k.value for k in Kind if k is not Kind.SCOPE}
+            if disabled - known_or_kind:
                 logger.warning("speculators-compat: %s names unknown adapter(s) %s; known: %s",
-                               _env.DISABLE, sorted(disabled - known), sorted(known))
+                               _env.DISABLE, sorted(disabled - known_or_kind),
+                               sorted(known_or_kind))
             strict = _env.flag(os.environ.get(_env.STRICT)) if strict is None else strict
             ctx = Context(process)
             results = []
@@ -362,9 +391,10 @@ class Activation:
                  disabled: frozenset[str]) -> AdapterResult:
         def result(status: Status, reason: str, changes: list[str] | None = None):
             return AdapterResult(adapter.name, status, reason, adapter.upstream, adapter.summary,
-                                 adapter.phase.value, adapter.vllm_range, changes or [])
+                                 adapter.phase.value, adapter.vllm_range, changes or [],
+                                 adapter.kind.value)
 
-        if adapter.name in disabled:
+        if adapter.name in disabled or adapter.kind.value in disabled:
             return result(Status.DISABLED, f"disabled by {_env.DISABLE}")
         if selected is not None and adapter.name not in selected:
             return result(Status.DISABLED, "not selected by activate(only=...)")

@@ -3,7 +3,8 @@
 #: Set by ``activate()`` in its own process; spawned vLLM processes inherit it and the
 #: ``vllm.general_plugins`` entry point re-activates there only when it is present.
 ACTIVE = "SPECULATORS_COMPAT_ACTIVE"
-#: Comma-separated adapter names to leave alone (status ``disabled``).
+#: Comma-separated adapter names, or kinds (``safeguard``, ``platform``,
+#: ``upstream-change``), to leave alone (status ``disabled``).
 DISABLE = "SPECULATORS_COMPAT_DISABLE"
 #: ``1``/``true``: a ``mismatch`` or ``failed`` adapter raises instead of warning.
 STRICT = "SPECULATORS_COMPAT_STRICT"

@@ -103,11 +103,13 @@ def _status(applied: bool) -> Status:
 
 
 def _cpu_block_size(e: Env) -> Status | None:
-    # Applied on the CPU platform; whether 16 is dropped is decided when speculators builds
-    # its CacheConfig (asking the backend at activate() would cost ~1 s of imports):
-    #  0.16: CPUAttentionBackend accepts 16 ([MultipleOf(1)], a "vec16" path) -> kept.
-    #  0.32: get_supported_kernel_block_sizes() == [MultipleOf(32)] -> dropped.
-    return APPLIED if e.cpu_platform else NOT_NEEDED
+    # The probe reads the CPU attention module's source (importing the backend at
+    # activate() would cost ~1 s); here the imported backend answers instead:
+    #  0.11-0.20: no declared kernel block sizes (any size, 16 kept);
+    #  0.24/0.28: [MultipleOf(16)] (16 kept); 0.29+ nightlies, 0.32: [MultipleOf(32)].
+    from speculators_compat.adapters.cpu_block_size import cpu_accepts_16
+
+    return _status(e.cpu_platform and not cpu_accepts_16())
 
 
 def _kv_engine_sets(e: Env) -> Status:
@@ -127,20 +129,20 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
         lambda e: _status(e.vllm >= V("0.33.0.dev0")),
         "0.33 moved _get_kv_cache_groups_uniform_spec & co. to kv_cache_planning"),
     "scheduler_config_encoder_decoder": (
-        lambda e: _status(e.vllm >= V("0.12.0.dev0")),
-        "SchedulerConfig.is_encoder_decoder is a required InitVar from 0.12"),
+        lambda e: _status(e.vllm >= V("0.12.0.dev0") and e.speculators_03),
+        "SchedulerConfig.is_encoder_decoder is a required InitVar from 0.12 (0.4 passes it)"),
     "scheduling_sync": (
         lambda e: _status(e.vllm >= V("0.14.0.dev0")),
         "async_scheduling resolves to True for mp/uni executors from 0.14"),
     "prefix_caching_off": (
-        lambda e: _status(e.vllm >= V("0.12.0.dev0")),
-        "CacheConfig.enable_prefix_caching defaults to True from 0.12"),
+        lambda e: _status(e.vllm >= V("0.12.0.dev0") and e.speculators_03),
+        "CacheConfig.enable_prefix_caching defaults to True from 0.12 (0.4 sets it off)"),
     "cpu_block_size": (
         _cpu_block_size,
-        "CPU attention kernels accept MultipleOf(32) only (0.32); 16 worked in 0.16"),
+        "CPU attention kernels accept MultipleOf(32) only (0.29+); 16 worked before"),
     "kv_cache_specs_kwarg": (
-        lambda e: _status(e.vllm >= V("0.12.0.dev0")),
-        "get_kv_cache_config_from_groups lost kv_cache_specs= in 0.12"),
+        lambda e: _status(e.vllm >= V("0.12.0.dev0") and e.speculators_03),
+        "get_kv_cache_config_from_groups lost kv_cache_specs= in 0.12 (0.4 does not pass it)"),
     "kv_cache_config_fields": (
         _kv_engine_sets,
         "KVCacheConfig gained engine-set kv_cache_layout/hash_block_size/... (0.29-0.32)"),
@@ -154,9 +156,10 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
         # A speculators hazard, not a vLLM change: speculators never calls
         # update_from_output, so prefilled requests stay `running` on every V1
         # scheduler (>max_num_seqs sequences never scheduled in 0.4; chunked prompts
-        # aborted mid-prefill in 0.3). Needed on every release the shim supports.
-        lambda e: APPLIED,
-        "speculators' step loop never finishes prefilled requests (all V1 releases)"),
+        # aborted mid-prefill in 0.3). Not for 0.3 on 0.11.x, where SchedulerConfig leaves
+        # chunked prefill off by default (0.3's loop finishes what it scheduled).
+        lambda e: _status(not (e.speculators_03 and e.vllm < V("0.12.0.dev0"))),
+        "speculators' step loop never finishes prefilled requests (V1, chunked prefill)"),
     "request_eos_token_id": (
         lambda e: _status(e.vllm >= V("0.17.0.dev0")),
         "Request.__init__ lost eos_token_id in 0.17"),
@@ -164,8 +167,8 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
         _kv_engine_sets,
         "the engine core resolves one KV cache layout before KV configs (~0.29+)"),
     "executor_sample_tokens": (
-        lambda e: _status(e.vllm >= V("0.11.1.dev0")),
-        "execute_model/sample_tokens two-phase split in 0.11.1"),
+        lambda e: _status(e.vllm >= V("0.11.1.dev0") and e.speculators_03),
+        "execute_model/sample_tokens two-phase split in 0.11.1 (0.4 calls sample_tokens)"),
     "collective_rpc_unique_reply": (
         lambda e: _status(e.vllm >= V("0.11.1.dev0") and e.speculators_03),
         "unique_reply_rank returns a single result from 0.11.1; only 0.3.x indexes [0]"),
@@ -189,8 +192,8 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
     "worker_spawn_method": (
         # The suite runs with VLLM_WORKER_MULTIPROC_METHOD unset (as a user would); vLLM
         # forces spawn only on its own engine paths, not for a MultiprocExecutor built
-        # directly (on CPU, building a VllmConfig sets it as a side effect).
-        lambda e: APPLIED,
+        # directly; but on CPU, building a VllmConfig sets it as a side effect.
+        lambda e: _status(not e.cpu_platform),
         "the generator starts MultiprocExecutor itself; fork breaks with CUDA initialised"),
     "generate_guard": (
         # speculators' own generate() hazard, independent of the vLLM release.
@@ -371,10 +374,26 @@ def report_changes(report: Report, name: str) -> set[str]:
 # -- vLLM objects built the way speculators builds them --------------------------------
 
 
+def platform_detected() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(getattr(current_platform, "device_type", ""))  # "" for UnspecifiedPlatform
+
+
+def require_platform() -> None:
+    """Skip where vLLM found no platform (PyPI's CUDA build on a machine without a GPU:
+    ``DeviceConfig`` raises "Failed to infer device type"): only the probe-level tests
+    run there (the support matrix's contract level)."""
+    if not platform_detected():
+        pytest.skip("vLLM detects no platform here (CUDA build, no GPU): configs, KV caches "
+                    "and schedulers cannot be built; probes are checked by the other tests")
+
+
 def build_vllm_config(**kw):
     """:func:`_build_vllm_config`, undoing the CPU platform's process-wide side effect:
     ``check_and_update_config`` sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` (and
     ``NUMEXPR_MAX_THREADS``) in ``os.environ``, which would change later verdicts."""
+    require_platform()
     saved = dict(os.environ)
     try:
         return _build_vllm_config(**kw)
@@ -451,8 +470,9 @@ def resolve_layout_like_engine_core(cfg, groups) -> None:
 
 @pytest.fixture(scope="module")
 def vllm_config(base):
-    """A config whose KV layout is not resolved (as speculators leaves it)."""
-    return build_vllm_config()
+    """A config whose KV layout is not resolved (as speculators leaves it); ``None``
+    where vLLM detects no platform (checks that need one skip themselves)."""
+    return build_vllm_config() if platform_detected() else None
 
 
 def resolved_config(**kw):
@@ -461,14 +481,24 @@ def resolved_config(**kw):
     return cfg
 
 
+def kv_call(fn, **kwargs):
+    """Call ``get_kv_cache_config_from_groups`` (``fn``) as speculators does on this
+    release: before 0.12 it also takes ``kv_cache_specs`` (layer name -> spec)."""
+    params = inspect.signature(fn).parameters
+    if "kv_cache_specs" in params and "kv_cache_specs" not in kwargs:
+        kwargs["kv_cache_specs"] = {name: g.kv_cache_spec for g in kwargs["kv_cache_groups"]
+                                    for name in g.layer_names}
+    return fn(**kwargs)
+
+
 def kv_config_for(cfg, num_blocks: int = 64):
     """A KV config with ``num_blocks`` blocks, from vLLM's own function."""
     from vllm.v1.core import kv_cache_utils
 
     groups = kv_groups(cfg)
     page = groups[0].kv_cache_spec.page_size_bytes * len(groups[0].layer_names)
-    kvc = kv_cache_utils.get_kv_cache_config_from_groups(
-        vllm_config=cfg, kv_cache_groups=groups, available_memory=page * num_blocks)
+    kvc = kv_call(kv_cache_utils.get_kv_cache_config_from_groups,
+                  vllm_config=cfg, kv_cache_groups=groups, available_memory=page * num_blocks)
     assert kvc.num_blocks == num_blocks, kvc
     cfg.cache_config.num_gpu_blocks = kvc.num_blocks  # as speculators does
     return kvc
@@ -713,19 +743,31 @@ def _legacy_scheduler_config(base, gen, cfg, adapter):
         # required" (speculators 0.3.0 on 0.12+).
         with pytest.raises(Exception, match=r"(?s)is_encoder_decoder.*Field required"):
             gen.SchedulerConfig(**SCHEDULER_CONFIG_03)
+    passes = "is_encoder_decoder=False" in inspect.getsource(gen)
+    assert passes == base.env.speculators_04
     with one(base, adapter) as applied:
-        sc = gen.SchedulerConfig(**SCHEDULER_CONFIG_03)
-        assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (32, 8192)
-        # 0.4.x's call (passes it itself) is unaffected.
-        gen.SchedulerConfig(**SCHEDULER_CONFIG_03, is_encoder_decoder=False)
-    assert applied == needed
+        if not passes:
+            sc = gen.SchedulerConfig(**SCHEDULER_CONFIG_03)
+            assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (32, 8192)
+        if needed:  # 0.4.x's call (passes it itself) works either way.
+            gen.SchedulerConfig(**SCHEDULER_CONFIG_03, is_encoder_decoder=False)
+    assert applied == (needed and not passes)
 
 
 @legacy("scheduling_sync")
 def _legacy_scheduling_sync(base, gen, cfg, adapter):
     params = inspect.signature(gen.SchedulerConfig).parameters
     assert "async_scheduling" in params
-    call = dict(SCHEDULER_CONFIG_03, is_encoder_decoder=False)
+    call = dict(SCHEDULER_CONFIG_03)
+    if "is_encoder_decoder" in params:
+        call["is_encoder_decoder"] = False
+    if base.env.vllm < V("0.14.0.dev0"):
+        # 0.11-0.13: synchronous unless asked; nothing to do.
+        assert params["async_scheduling"].default is False
+        assert gen.SchedulerConfig(**call).async_scheduling is False
+        with one(base, adapter) as applied:
+            assert not applied
+        return
     # 0.14+: the field is unresolved (None -> True for mp/uni executors) by default.
     assert params["async_scheduling"].default in (None, True)
     assert gen.SchedulerConfig(**call).async_scheduling is not False
@@ -739,7 +781,19 @@ def _legacy_scheduling_sync(base, gen, cfg, adapter):
 @legacy("prefix_caching_off")
 def _legacy_prefix_caching(base, gen, cfg, adapter):
     call = dict(block_size=16, gpu_memory_utilization=0.8)  # speculators 0.3.0's call
+    if base.env.vllm < V("0.12.0.dev0"):
+        # 0.11: unset (None) means off for speculators' own engine; nothing to do.
+        assert not gen.CacheConfig(**call).enable_prefix_caching
+        with one(base, adapter) as applied:
+            assert not applied
+        return
     assert gen.CacheConfig(**call).enable_prefix_caching is True  # 0.12+ default
+    if base.env.speculators_04:
+        # 0.4.x sets it off itself: nothing to do.
+        assert "enable_prefix_caching=False" in inspect.getsource(gen)
+        with one(base, adapter) as applied:
+            assert not applied
+        return
     with one(base, adapter) as applied:
         assert applied
         assert gen.CacheConfig(**call).enable_prefix_caching is False
@@ -749,14 +803,21 @@ def _legacy_prefix_caching(base, gen, cfg, adapter):
 
 @legacy("cpu_block_size")
 def _legacy_cpu_block_size(base, gen, cfg, adapter):
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    from speculators_compat.adapters.cpu_block_size import cpu_accepts_16
 
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:  # 0.11: TorchSDPABackend, no kernel block sizes declared
+        CPUAttentionBackend = None
     call = dict(block_size=16, gpu_memory_utilization=0.8, enable_prefix_caching=False)
     plain = build_vllm_config(cache_config=gen.CacheConfig(**call))
     assert plain.cache_config.block_size == 16  # speculators' 16 is kept by the platform
-    accepts_16 = CPUAttentionBackend.supports_block_size(16)
+    accepts_16 = cpu_accepts_16()
+    if CPUAttentionBackend is not None:
+        assert accepts_16 == CPUAttentionBackend.supports_block_size(16)
     with one(base, adapter) as applied:
-        assert applied  # CPU platform; the backend is asked at CacheConfig time
+        # the probe reads the backend's source; the backend is asked again at call time
+        assert applied == (not accepts_16)
         shimmed = build_vllm_config(cache_config=gen.CacheConfig(**call))
         final = shimmed.cache_config.block_size
         if not accepts_16:
@@ -766,20 +827,29 @@ def _legacy_cpu_block_size(base, gen, cfg, adapter):
             assert final != 16
         else:
             assert final == 16
-        assert CPUAttentionBackend.supports_block_size(final), final
+        if CPUAttentionBackend is not None:
+            assert CPUAttentionBackend.supports_block_size(final), final
 
 
 @legacy("kv_cache_specs_kwarg")
 def _legacy_kv_cache_specs(base, gen, cfg, adapter):
+    if cfg is None:
+        require_platform()
     call = dict(vllm_config=cfg, kv_cache_groups=[], kv_cache_specs={}, available_memory=0)
     needed = base.env.vllm >= V("0.12.0.dev0")
     if needed:
         with pytest.raises(TypeError, match="unexpected keyword argument 'kv_cache_specs'"):
             gen.get_kv_cache_config_from_groups(**call)
+    passes = "kv_cache_specs=" in inspect.getsource(gen)
+    assert passes == base.env.speculators_03
     with one(base, adapter) as applied:
-        kvc = gen.get_kv_cache_config_from_groups(**call)
+        if passes or not needed:
+            kvc = gen.get_kv_cache_config_from_groups(**call)
+        else:  # 0.4.x's own call, without kv_cache_specs
+            kvc = gen.get_kv_cache_config_from_groups(
+                **{k: v for k, v in call.items() if k != "kv_cache_specs"})
         assert kvc.num_blocks == 1 and kvc.kv_cache_groups == []  # attention-free result
-    assert applied == needed
+    assert applied == (needed and passes)
 
 
 @legacy("kv_cache_config_fields")
@@ -792,22 +862,27 @@ def _legacy_kv_cache_config_fields(base, gen, cfg, adapter):
     rcfg = resolved_config()
     groups = kv_groups(rcfg)
     call = dict(vllm_config=rcfg, kv_cache_groups=groups, available_memory=1 << 24)
-    plain = gen.get_kv_cache_config_from_groups(**call)
+    plain = kv_call(gen.get_kv_cache_config_from_groups, **call)
     with one(base, adapter) as applied:
         assert applied == bool(present)
-        filled = gen.get_kv_cache_config_from_groups(**call)
+        filled = kv_call(gen.get_kv_cache_config_from_groups, **call)
     assert filled.num_blocks == plain.num_blocks
     if not applied:
         return
     # What EngineCore._initialize_kv_caches sets (0.32: kv_cache_layout from the cache
     # config; hash_block_size / cache_hit_alignment_tokens from resolve_* helpers).
+    # (each only where this release's KVCacheConfig has the field: early 0.29 nightlies
+    # have kv_cache_layout alone).
     assert all(getattr(plain, f) is None for f in present), plain
     utils = importlib.import_module(KV_UTILS)
-    assert filled.kv_cache_layout == rcfg.cache_config.kv_cache_layout is not None
-    sched_bs, hash_bs = utils.resolve_kv_cache_block_sizes(filled, rcfg)
-    assert filled.hash_block_size == hash_bs is not None
-    assert filled.cache_hit_alignment_tokens == utils.resolve_cache_hit_alignment_tokens(
-        filled, rcfg, sched_bs, hash_bs)
+    if "kv_cache_layout" in present:
+        assert filled.kv_cache_layout == rcfg.cache_config.kv_cache_layout is not None
+    if "hash_block_size" in present:
+        sched_bs, hash_bs = utils.resolve_kv_cache_block_sizes(filled, rcfg)
+        assert filled.hash_block_size == hash_bs is not None
+        if "cache_hit_alignment_tokens" in present:
+            assert filled.cache_hit_alignment_tokens == (
+                utils.resolve_cache_hit_alignment_tokens(filled, rcfg, sched_bs, hash_bs))
 
 
 @legacy("no_gpu_kv_sizing")
@@ -833,7 +908,7 @@ def _legacy_no_gpu_kv_sizing(base, gen, cfg, adapter):
             gen.mem_get_info()
     # ...and with 0 free bytes the KV cache gets 0 blocks (then `num_gpu_blocks > 0`).
     call = dict(vllm_config=rcfg, kv_cache_groups=groups, available_memory=int(0 * 0.8 * 0.2))
-    assert gen.get_kv_cache_config_from_groups(**call).num_blocks == 0
+    assert kv_call(gen.get_kv_cache_config_from_groups, **call).num_blocks == 0
     with one(base, adapter) as applied:
         assert applied
         if base.env.speculators_03:
@@ -842,9 +917,9 @@ def _legacy_no_gpu_kv_sizing(base, gen, cfg, adapter):
             assert gen.torch.float32 is torch.float32 and gen.torch.tensor is torch.tensor
         else:
             assert gen.mem_get_info() == (0, 0)
-        sized = gen.get_kv_cache_config_from_groups(**call)
-        direct = utils.get_kv_cache_config_from_groups(
-            vllm_config=rcfg, kv_cache_groups=groups, available_memory=cpu_kv_budget(rcfg))
+        sized = kv_call(gen.get_kv_cache_config_from_groups, **call)
+        direct = kv_call(utils.get_kv_cache_config_from_groups, vllm_config=rcfg,
+                         kv_cache_groups=groups, available_memory=cpu_kv_budget(rcfg))
         assert sized.num_blocks == direct.num_blocks > 0
         # only speculators' module sees the proxy
         assert sys.modules["torch"] is torch and torch.cuda.mem_get_info is real_mem_get_info
@@ -861,6 +936,13 @@ def _legacy_scheduler_block_size(base, gen, cfg, adapter):
     kvc = kv_config_for(rcfg)
     som = StructuredOutputManager(vllm_config=rcfg)
     call_03 = dict(vllm_config=rcfg, kv_cache_config=kvc, structured_output_manager=som)
+    if base.env.vllm < V("0.11.1.dev0"):
+        # 0.11.0: the scheduler reads the block size from the config itself.
+        s = gen.Scheduler(**call_03)
+        assert s.block_size == rcfg.cache_config.block_size
+        with one(base, adapter) as applied:
+            assert not applied
+        return
     # UPSTREAM.md: "Scheduler.__init__() missing 1 required positional argument:
     # 'block_size'" (0.3.0 on 0.11.1+).
     with pytest.raises(TypeError, match="missing 1 required positional argument: 'block_size'"):
@@ -882,7 +964,7 @@ def _legacy_scheduler_block_size(base, gen, cfg, adapter):
     for s in (s03, s04):
         assert isinstance(s, importlib.import_module("vllm.v1.core.sched.scheduler").Scheduler)
         assert s.block_size == engine_bs
-        if engine_hash is not None:
+        if engine_hash is not None and "hash_block_size" in vars(s):  # stored from 0.29
             assert s.hash_block_size == engine_hash
 
 
@@ -901,6 +983,23 @@ def _legacy_scheduler_prefill_only(base, gen, cfg, adapter):
 
     many = {f"req_0_{i}": 3 for i in range(MAX_NUM_SEQS + 8)}  # 40 > max_num_seqs
     chunked = {"req_0_0": 100, "req_0_1": 5}  # 100 > max_num_batched_tokens (64)
+
+    if not base.env.speculators_04 and base.env.vllm < V("0.12.0.dev0"):
+        # 0.3.0 on 0.11.x: chunked prefill is off unless asked (and speculators 0.3.0 never
+        # asks), so a budget below max_model_len is refused by vLLM's own config, and 0.3's
+        # loop captures batches above max_num_seqs whole on the bare scheduler.
+        from speculators_compat.adapters.scheduler_prefill_only import (
+            chunked_prefill_by_default,
+        )
+
+        assert not chunked_prefill_by_default(gen.SchedulerConfig)
+        assert run(Scheduler, "0.3", many) == Counter(many)
+        with pytest.raises(Exception, match="max_num_batched_tokens"):
+            build_vllm_config(max_num_batched_tokens=64)
+        with one(base, adapter) as applied:
+            assert not applied
+            assert gen.Scheduler is Scheduler
+        return
 
     # Upstream hazards on the bare scheduler (silent data loss):
     got = run(Scheduler, "0.4", many)
@@ -955,7 +1054,7 @@ def _legacy_kv_cache_layout(base, gen, cfg, adapter):
     if needed:
         # UPSTREAM.md: "ValueError: KV cache layout has not been resolved yet" (0.32).
         with pytest.raises(ValueError, match="KV cache layout has not been resolved yet"):
-            gen.get_kv_cache_config_from_groups(**call)
+            kv_call(gen.get_kv_cache_config_from_groups, **call)
         # The sequence the adapter replays (what EngineCore does) exists as it expects.
         from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
 
@@ -969,9 +1068,9 @@ def _legacy_kv_cache_layout(base, gen, cfg, adapter):
         )
         # ...and, replayed in this process, makes speculators' call work.
         resolve_layout_like_engine_core(fresh, groups)
-        assert gen.get_kv_cache_config_from_groups(**call).num_blocks > 0
+        assert kv_call(gen.get_kv_cache_config_from_groups, **call).num_blocks > 0
     else:
-        assert gen.get_kv_cache_config_from_groups(**call).num_blocks > 0
+        assert kv_call(gen.get_kv_cache_config_from_groups, **call).num_blocks > 0
     with one(base, adapter) as applied:
         assert applied == needed
         _check_executor_shim(gen, MultiprocExecutor, applied, {"__init__"})
@@ -997,6 +1096,13 @@ def _check_executor_shim(gen, vllm_cls, applied: bool, overrides: set[str]) -> N
 def _legacy_executor_sample_tokens(base, gen, cfg, adapter):
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
+    if base.env.vllm < V("0.11.1.dev0"):
+        # 0.11.0: one-phase execute_model, as speculators was written for.
+        assert not hasattr(MultiprocExecutor, "sample_tokens")
+        with one(base, adapter) as applied:
+            _check_executor_shim(gen, MultiprocExecutor, applied, set())
+        assert not applied
+        return
     # Upstream shape this adapter was written for (0.11.1+): two phases.
     assert list(inspect.signature(MultiprocExecutor.execute_model).parameters)[:2] == [
         "self", "scheduler_output"]
@@ -1019,7 +1125,8 @@ def _legacy_collective_rpc(base, gen, cfg, adapter):
         returns_single_result,
     )
 
-    assert returns_single_result(MultiprocExecutor) is True
+    single = base.env.vllm >= V("0.11.1.dev0")  # 0.11.0: a list, one entry per rank
+    assert returns_single_result(MultiprocExecutor) is single
     assert "unique_reply_rank" in inspect.signature(MultiprocExecutor.collective_rpc).parameters
     src = inspect.getsource(gen)
     assert '"_get_captured_states",\n            unique_reply_rank=0' in src
@@ -1028,8 +1135,8 @@ def _legacy_collective_rpc(base, gen, cfg, adapter):
     assert SPECULATORS_LIST_REPLY_METHODS == {"_get_captured_states"}
     with one(base, adapter) as applied:
         _check_executor_shim(gen, MultiprocExecutor, applied, {"collective_rpc"})
-        # vLLM's own executor keeps the single-result convention.
-        assert returns_single_result(MultiprocExecutor) is True
+        # vLLM's own executor keeps its convention.
+        assert returns_single_result(MultiprocExecutor) is single
 
 
 @legacy("executor_warmup_split")
@@ -1062,13 +1169,21 @@ def _legacy_hook_capture(base, gen, cfg, adapter):
     from speculators_compat import worker_extension
 
     # Upstream facts behind the verdict.
-    assert not hasattr(LlamaModel, "get_input_embeddings")  # 0.11.1 rename
-    assert hasattr(LlamaModel, "embed_input_ids")
-    assert "llama_4_scaling" in inspect.signature(DeepseekV2DecoderLayer.forward).parameters
+    renamed = base.env.vllm >= V("0.11.1.dev0")
+    assert hasattr(LlamaModel, "get_input_embeddings") != renamed  # 0.11.1 rename
+    assert hasattr(LlamaModel, "embed_input_ids") == renamed
+    assert ("llama_4_scaling" in inspect.signature(DeepseekV2DecoderLayer.forward).parameters
+            ) == (base.env.vllm >= V("0.12.0.dev0"))
     assert SPECULATORS_EXTENSION in inspect.getsource(gen)
 
     call = dict(tensor_parallel_size=1, worker_extension_cls=SPECULATORS_EXTENSION)
     assert gen.ParallelConfig(**call).worker_extension_cls == SPECULATORS_EXTENSION
+    if not renamed:
+        # 0.11.0 (speculators 0.3.0's own pin): speculators' forward loop matches vLLM.
+        with one(base, adapter) as applied:
+            assert not applied
+            assert gen.ParallelConfig(**call).worker_extension_cls == SPECULATORS_EXTENSION
+        return
     contract = "list" if base.env.speculators_03 else "by_request"
     with one(base, adapter) as applied:
         assert applied
@@ -1176,6 +1291,18 @@ def _legacy_worker_spawn_method(base, gen, cfg, adapter):
     # Bare: the generator's MultiprocExecutor would start with vLLM's default (fork).
     assert env_during_generator_init(gen)[var] is None
     assert envs.VLLM_WORKER_MULTIPROC_METHOD == "fork"
+    if base.env.cpu_platform:
+        # ...except on CPU, whose platform sets spawn when speculators builds its config.
+        saved = dict(os.environ)
+        try:
+            _build_vllm_config()
+            assert os.environ.get(var) == "spawn"
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        with one(base, adapter) as applied:
+            assert not applied
+        return
     with one(base, adapter) as applied:
         assert applied
         assert env_during_generator_init(gen)[var] == "spawn"

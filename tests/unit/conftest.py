@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from speculators_compat import _versions
-from speculators_compat._core import Activation, Adapter, Context, Patcher, Phase, Verdict
+from speculators_compat._core import Activation, Adapter, Context, Kind, Patcher, Phase, Verdict
 
 ENV_PREFIX = "SPECULATORS_COMPAT_"
 
@@ -29,8 +29,10 @@ class ToyAdapter(Adapter):
     def __init__(self, name: str, *, phase: Phase = Phase.DRIVER,
                  verdict: Any = None,
                  change: Callable[[Patcher, Context], None] | None = None,
-                 upstream: str = "", summary: str = "", vllm_range: str | None = None):
+                 upstream: str = "", summary: str = "", vllm_range: str | None = None,
+                 kind: Kind = Kind.UPSTREAM_CHANGE):
         self.name = name
+        self.kind = kind
         self.phase = phase
         self.upstream = upstream or f"upstream change for {name}"
         self.summary = summary or f"toy adapter {name}"

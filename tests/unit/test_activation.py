@@ -12,7 +12,15 @@ import types
 import pytest
 
 from speculators_compat import _env
-from speculators_compat._core import Activation, CompatError, Phase, Report, Status, Verdict
+from speculators_compat._core import (
+    Activation,
+    CompatError,
+    Kind,
+    Phase,
+    Report,
+    Status,
+    Verdict,
+)
 
 LOGGER = "speculators_compat"
 
@@ -351,6 +359,27 @@ def test_disable_env_by_name(make_activation, toy, monkeypatch):
     assert c.apply_calls == 1
 
 
+def test_disable_env_by_kind(make_activation, toy, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    monkeypatch.setenv(_env.DISABLE, "safeguard")
+    a, b = toy("a"), toy("b", kind=Kind.SAFEGUARD)
+    rep = make_activation(a, b).activate()
+    assert rep["b"].status is Status.DISABLED and b.probe_calls == 0
+    assert rep["a"].status is Status.APPLIED
+    assert rep["b"].kind == "safeguard" and rep.as_dict()["adapters"][1]["kind"] == "safeguard"
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_summary_groups_applied_by_kind(make_activation, toy):
+    not_needed = Verdict.not_needed("no")
+    rep = make_activation(toy("a"), toy("p", kind=Kind.PLATFORM),
+                          toy("s", kind=Kind.SAFEGUARD),
+                          toy("n", kind=Kind.SAFEGUARD, verdict=not_needed)).activate()
+    assert rep.applied_of(Kind.SAFEGUARD) == ["s"]
+    assert rep.summary_line().endswith(
+        "applied: upstream-change: a; platform: p; safeguard: s")
+
+
 def test_disable_env_with_unknown_name_warns(make_activation, toy, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger=LOGGER)
     monkeypatch.setenv(_env.DISABLE, "a,nope")
@@ -432,7 +461,7 @@ def test_one_info_line_per_activation_object(make_activation, toy, caplog):
     infos = _records(caplog, logging.INFO)
     assert len(infos) == 1
     assert infos[0].getMessage() == rep.summary_line()
-    assert "applied: a" in infos[0].getMessage()
+    assert "applied: upstream-change: a" in infos[0].getMessage()
 
     caplog.clear()
     act.activate()

@@ -23,3 +23,18 @@ def test_every_adapter_is_documented_in_its_module():
         for part in ("Why", "How", "Applies when", "Remove when"):
             assert part in doc, (a.name, part)
         assert a.upstream and a.summary and a.remove_when, a.name
+
+
+def test_every_adapter_declares_its_kind():
+    """Only ``upstream-change`` adapters may carry a vLLM range: the others act on every
+    release where their condition holds (platform, a speculators hazard, scope)."""
+    from speculators_compat._core import Kind
+    from speculators_compat.adapters import ADAPTERS
+
+    for a in ADAPTERS:
+        assert isinstance(a.kind, Kind), a.name
+        if a.kind is not Kind.UPSTREAM_CHANGE:
+            assert a.vllm_range is None, a.name
+    kinds = {a.name: a.kind for a in ADAPTERS}
+    assert kinds["no_gpu_kv_sizing"] is Kind.PLATFORM
+    assert kinds["generate_guard"] is Kind.SAFEGUARD

@@ -119,7 +119,7 @@ def test_summary_line_counts_and_applied(report):
     assert "in driver" in line
     for status in ("applied", "not-needed", "mismatch", "failed", "disabled"):
         assert f"1 {status}" in line
-    assert line.endswith("applied: applied_one")
+    assert line.endswith("applied: upstream-change: applied_one")
 
 
 def test_getitem_by_status_and_problems(report):

@@ -8,6 +8,7 @@ them there changes what speculators sees and nothing that vLLM's own engine uses
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from types import ModuleType
 from typing import Any
@@ -89,6 +90,12 @@ def source(obj: Any) -> str:
         return ""
 
 
+def consumer_passes(gen: ModuleType, text: str) -> bool:
+    """Whether speculators' generator source contains ``text`` (e.g. a keyword argument
+    it already passes itself): adapters that would only supply it are then not needed."""
+    return text in source(gen)
+
+
 def subclass(base: type, name_suffix: str, namespace: dict[str, Any]) -> type:
     """A thin subclass of ``base`` (whatever is currently bound in the consumer)."""
     ns = dict(namespace)
@@ -97,6 +104,29 @@ def subclass(base: type, name_suffix: str, namespace: dict[str, Any]) -> type:
     cls = type(base.__name__, (base,), ns)
     cls.__qualname__ = f"{base.__qualname__}[compat:{name_suffix}]"
     return cls
+
+
+def module_source(name: str) -> str | None:
+    """Source text of a vLLM module, found without importing it (probes stay cheap:
+    importing model modules would cost a noticeable part of ``import vllm``)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    try:
+        with open(spec.origin, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def is_cpu_platform() -> bool:

@@ -10,19 +10,24 @@ platform picks its own; the ``scheduler_block_size`` adapter then gives the sche
 size the KV cache really uses. The backend is asked when speculators builds its
 ``CacheConfig``, not at ``activate()``: importing the attention backend costs about a
 second, which ``activate()`` must not.
-Applies when: the platform is CPU (the backend's answer is checked at call time).
+Applies when: the platform is CPU and the CPU attention backend's source declares
+kernel block sizes that exclude 16 or cannot be read (0.24+); releases whose backend
+declares none (0.11-0.20) accept 16. The backend's own answer is checked again at call
+time.
 Remove when: speculators 0.3/0.4 support is dropped.
 """
 
 from __future__ import annotations
 
+import re
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
+from .._core import Context, Kind, Patcher, Verdict
 from . import _targets
 from ._base import GeneratorAdapter
 
 SPECULATORS_BLOCK_SIZE = 16
+CPU_ATTENTION_MODULE = "vllm.v1.attention.backends.cpu_attn"
 
 
 def _accepts(sizes, size: int) -> bool:
@@ -61,8 +66,27 @@ def cpu_accepts_16() -> bool:
     return sizes is None or _accepts(sizes, SPECULATORS_BLOCK_SIZE)
 
 
+def declared_in_source(text: str | None) -> list[int] | None:
+    """The ``MultipleOf(n)`` bases the CPU attention module declares as kernel block
+    sizes, read from its source without importing it (``[]``: it declares none, so the
+    backend inherits "any size"; ``None``: declared in a form this probe cannot read)."""
+    if text is None:
+        return None
+    if "def get_supported_kernel_block_sizes" not in text:
+        return []
+    after = text.split("def get_supported_kernel_block_sizes", 1)[1]
+    body = re.split(r"\n    \S", after, maxsplit=1)[0]
+    bases = [int(b) for b in re.findall(r"MultipleOf\((\d+)\)", body)]
+    returned = body.split("return", 1)[-1]
+    plain_ints = re.search(r"\d", re.sub(r"MultipleOf\(\d+\)", "", returned))
+    if not bases or plain_ints:
+        return None
+    return bases
+
+
 class CPUBlockSize(GeneratorAdapter):
     name = "cpu_block_size"
+    kind = Kind.PLATFORM
     summary = "let the CPU platform choose the KV block size instead of speculators' 16"
     upstream = ("vLLM CPU attention (0.2x): kernel block sizes MultipleOf(32); "
                 "vllm/v1/attention/backends/cpu_attn.py")
@@ -72,6 +96,13 @@ class CPUBlockSize(GeneratorAdapter):
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         if not _targets.is_cpu_platform():
             return Verdict.not_needed("not the CPU platform")
+        bases = declared_in_source(_targets.module_source(CPU_ATTENTION_MODULE))
+        if bases == []:
+            return Verdict.not_needed("CPU attention declares no kernel block sizes of its "
+                                      "own: speculators' 16 is accepted")
+        if bases and all(SPECULATORS_BLOCK_SIZE % b == 0 for b in bases):
+            return Verdict.not_needed(f"CPU attention accepts multiples of {bases}: "
+                                      "speculators' 16 is accepted")
         return Verdict.needed("CPU platform: speculators' block size 16 is dropped when "
                               "CacheConfig is built if CPU attention does not accept it")
 

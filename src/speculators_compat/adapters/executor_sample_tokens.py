@@ -9,7 +9,8 @@ How: the ``MultiprocExecutor`` seen by speculators' module completes the step in
 ``execute_model`` (``sample_tokens(None)`` when it returned ``None``) and answers a
 following ``sample_tokens`` call of the same step with that output, so both the 0.3
 (one call) and 0.4 (two calls) loops do exactly one sample per step.
-Applies when: the executor has ``sample_tokens``.
+Applies when: the executor has ``sample_tokens`` and the installed speculators' generator
+does not call it (0.3.x).
 Remove when: speculators 0.3.x support is dropped.
 """
 
@@ -35,6 +36,9 @@ class ExecutorSampleTokens(GeneratorAdapter):
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         if not hasattr(gen.MultiprocExecutor, "sample_tokens"):
             return Verdict.not_needed("the executor has no sample_tokens(): one-phase steps")
+        if _targets.consumer_passes(gen, ".sample_tokens("):
+            return Verdict.not_needed("two-phase steps; this speculators calls "
+                                      "sample_tokens() itself")
         return Verdict.needed("execute_model() returns None until sample_tokens() is called")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:

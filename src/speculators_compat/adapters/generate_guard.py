@@ -17,7 +17,7 @@ from __future__ import annotations
 import numbers
 from types import ModuleType
 
-from .._core import CompatError, Context, Patcher, Verdict
+from .._core import CompatError, Context, Kind, Patcher, Verdict
 from ._base import GeneratorAdapter
 
 
@@ -54,6 +54,7 @@ def _cleanup(generator) -> None:
 
 class GenerateGuard(GeneratorAdapter):
     name = "generate_guard"
+    kind = Kind.SAFEGUARD
     summary = "reject bad generate() input up front; clean up after a failed call"
     upstream = ("speculators 0.3/0.4: generate() adds requests before running; failures "
                 "leave state that corrupts the next call")

@@ -23,7 +23,6 @@ Remove when: speculators < 0.5 support is dropped.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from types import ModuleType
 
 from .. import worker_extension
@@ -32,40 +31,17 @@ from . import _targets
 from ._base import GeneratorAdapter
 
 
-def _module_source(name: str) -> str | None:
-    """Source text of a vLLM module, found without importing it (probes stay cheap:
-    importing model modules would cost a noticeable part of ``import vllm``)."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        return None
-    try:
-        with open(spec.origin, encoding="utf-8") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def _reasons(contract: str) -> list[str]:
     reasons = []
-    llama = _module_source("vllm.model_executor.models.llama") or ""
+    llama = _targets.module_source("vllm.model_executor.models.llama") or ""
     wanted = "get_input_embeddings" if contract == _targets.CONTRACT_LIST else "embed_input_ids"
     if f"def {wanted}(" not in llama:
         reasons.append(f"base models have no {wanted}() (speculators' forward calls it)")
-    deepseek = _module_source("vllm.model_executor.models.deepseek_v2") or ""
+    deepseek = _targets.module_source("vllm.model_executor.models.deepseek_v2") or ""
     if "llama_4_scaling" in deepseek:
         reasons.append("DeepSeek-V2/V3 layers take llama_4_scaling, which speculators' "
                        "forward drops")
-    if _has_module("vllm.v1.worker.gpu.model_runner"):
+    if _targets.has_module("vllm.v1.worker.gpu.model_runner"):
         reasons.append("Model Runner V2 exists (rows in its own per-step order)")
     return reasons
 

@@ -6,7 +6,8 @@ unexpected keyword argument 'kv_cache_specs'``.
 How: rebind the name in speculators' module to a wrapper that drops the argument when
 the installed function does not accept it (the groups carry the same specs).
 Applies when: the installed function has ``kv_cache_groups``/``available_memory`` but no
-``kv_cache_specs``. Mismatch when it has neither shape.
+``kv_cache_specs``, and the installed speculators' generator passes it (0.3.x). Mismatch
+when the function has neither shape.
 Remove when: speculators 0.3.x support is dropped.
 """
 
@@ -33,6 +34,9 @@ class KVCacheSpecsKwarg(GeneratorAdapter):
         if "kv_cache_specs" in params:
             return Verdict.not_needed("get_kv_cache_config_from_groups accepts kv_cache_specs")
         if {"vllm_config", "kv_cache_groups", "available_memory"} <= params.keys():
+            if not _targets.consumer_passes(gen, "kv_cache_specs="):
+                return Verdict.not_needed("get_kv_cache_config_from_groups no longer takes "
+                                          "kv_cache_specs; this speculators does not pass it")
             return Verdict.needed("get_kv_cache_config_from_groups no longer takes "
                                   "kv_cache_specs")
         return Verdict.mismatch(f"unknown get_kv_cache_config_from_groups{tuple(params)}")

@@ -22,7 +22,7 @@ from types import ModuleType
 
 import wrapt
 
-from .._core import Context, Patcher, Verdict
+from .._core import Context, Kind, Patcher, Verdict
 from . import _targets
 from ._base import GeneratorAdapter
 
@@ -71,6 +71,7 @@ class _TorchWithoutDevice(wrapt.ObjectProxy):
 
 class NoGpuKVSizing(GeneratorAdapter):
     name = "no_gpu_kv_sizing"
+    kind = Kind.PLATFORM
     summary = "size the KV cache from the CPU platform's budget when there is no GPU"
     upstream = ("speculators 0.3.0 torch.cuda.mem_get_info() / 0.4 mem_get_info() assume an "
                 "accelerator; vLLM CPU builds budget KV via VLLM_CPU_KVCACHE_SPACE")

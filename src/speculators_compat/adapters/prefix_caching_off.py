@@ -6,7 +6,8 @@ tokens produce no hidden states (missing rows), KV state can leak between calls
 builds none) the block pool asserts. speculators 0.4 already disables it.
 How: the rebound ``CacheConfig`` in speculators' module passes
 ``enable_prefix_caching=False`` unless the caller chose a value.
-Applies when: the installed ``CacheConfig`` defaults ``enable_prefix_caching`` to ``True``.
+Applies when: the installed ``CacheConfig`` defaults ``enable_prefix_caching`` to ``True``
+and the installed speculators' generator does not set it (0.3.x).
 Remove when: speculators 0.3.x support is dropped.
 """
 
@@ -35,6 +36,9 @@ class PrefixCachingOff(GeneratorAdapter):
             # 0.11.x: None (resolved per engine; speculators 0.3.0 was written for it)
             return Verdict.not_needed(
                 f"CacheConfig.enable_prefix_caching defaults to {default!r}, not True")
+        if _targets.consumer_passes(gen, "enable_prefix_caching="):
+            return Verdict.not_needed("CacheConfig.enable_prefix_caching defaults to True; "
+                                      "this speculators sets it itself")
         return Verdict.needed(f"CacheConfig.enable_prefix_caching defaults to {default!r}; "
                               "prefix hits would skip rows and need a block hasher")
 

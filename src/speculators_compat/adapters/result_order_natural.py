@@ -19,7 +19,7 @@ import builtins
 from types import ModuleType
 
 from .._capture import _REQ_ID
-from .._core import Context, Patcher, Verdict
+from .._core import Context, Kind, Patcher, Verdict
 from . import _targets
 from ._base import GeneratorAdapter
 
@@ -35,6 +35,7 @@ def natural_sorted(iterable, /, *, key=None, reverse=False):
 
 class ResultOrderNatural(GeneratorAdapter):
     name = "result_order_natural"
+    kind = Kind.SAFEGUARD
     summary = "return 0.4.x results in input order (numeric, not string, request-id order)"
     upstream = ("speculators 0.4.x bug: results ordered by sorted(request ids) as strings "
                 "(req_0_10 < req_0_2); fixed here, changing 0.4.x's order for 11+ sequences")

@@ -6,7 +6,8 @@ vLLM's own callers). speculators 0.3.0 does not pass it:
 ``ValidationError ... SchedulerConfig ... is_encoder_decoder Field required``.
 How: speculators' module calls ``SchedulerConfig(...)``; rebind that name to a wrapper
 that adds ``is_encoder_decoder=False`` when the caller left it out.
-Applies when: the installed ``SchedulerConfig`` requires ``is_encoder_decoder``.
+Applies when: the installed ``SchedulerConfig`` requires ``is_encoder_decoder`` and the
+installed speculators' generator does not pass it (0.3.x).
 Remove when: speculators 0.3.x support is dropped (0.4 passes it).
 """
 
@@ -35,6 +36,9 @@ class SchedulerConfigEncoderDecoder(GeneratorAdapter):
             return Verdict.not_needed("SchedulerConfig has no is_encoder_decoder field")
         if not _targets.required(p):
             return Verdict.not_needed("SchedulerConfig.is_encoder_decoder has a default")
+        if _targets.consumer_passes(gen, "is_encoder_decoder="):
+            return Verdict.not_needed("SchedulerConfig requires is_encoder_decoder; this "
+                                      "speculators passes it itself")
         return Verdict.needed("SchedulerConfig requires is_encoder_decoder")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:

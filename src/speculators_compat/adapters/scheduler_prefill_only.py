@@ -12,7 +12,10 @@ prompt is fully computed (at the start of the next ``schedule()``, freeing its s
 blocks), and defers an abort requested for a request whose prompt is not yet fully
 computed until it is. Nothing changes for requests that fit in one step.
 Applies when: the scheduler exposes ``running`` / ``finish_requests`` and requests
-track ``num_computed_tokens`` / ``num_prompt_tokens`` (V1 scheduler).
+track ``num_computed_tokens`` / ``num_prompt_tokens`` (V1 scheduler), except for
+speculators 0.3.x on a vLLM whose ``SchedulerConfig`` leaves chunked prefill off by
+default (0.11.x, 0.3.0's own pin): 0.3's loop then finishes every request it scheduled
+and no prompt is ever split, so nothing is lost.
 Remove when: speculators < 0.5 support is dropped.
 """
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
+from .._core import Context, Kind, Patcher, Verdict
 from . import _targets
 from ._base import GeneratorAdapter
 
@@ -29,8 +32,18 @@ def _prefilled(request) -> bool:
     return request.num_computed_tokens >= request.num_prompt_tokens
 
 
+def chunked_prefill_by_default(config_cls) -> bool:
+    """Whether ``SchedulerConfig(...)`` without ``enable_chunked_prefill`` (speculators
+    0.3.0's call) chunks prompts; ``True`` when it cannot be told (the safe answer)."""
+    param = (_targets.parameters(config_cls) or {}).get("enable_chunked_prefill")
+    if param is None or param.default is param.empty:
+        return True
+    return bool(param.default)  # 0.11: None, left unset (off); 0.12+: True
+
+
 class SchedulerPrefillOnly(GeneratorAdapter):
     name = "scheduler_prefill_only"
+    kind = Kind.SAFEGUARD
     summary = "finish requests once prefilled; never abort a partly prefilled one"
     upstream = ("speculators 0.3/0.4 hazards: >max_num_seqs sequences never scheduled "
                 "(0.4), chunked prompts aborted mid-prefill (0.3); vLLM V1 scheduler")
@@ -44,6 +57,10 @@ class SchedulerPrefillOnly(GeneratorAdapter):
         missing += [n for n in ("num_computed_tokens", "num_prompt_tokens") if n not in src]
         if missing:
             return Verdict.mismatch(f"scheduler/request lack {missing}")
+        if (_targets.worker_contract(ctx) == _targets.CONTRACT_LIST
+                and not chunked_prefill_by_default(gen.SchedulerConfig)):
+            return Verdict.not_needed("speculators 0.3's loop finishes every scheduled request "
+                                      "and chunked prefill is off by default: no prompt is split")
         return Verdict.needed("speculators' step loop never finishes prefilled requests; "
                               "batches above max_num_seqs or chunked prompts lose data")
 

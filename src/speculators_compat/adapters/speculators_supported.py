@@ -14,13 +14,14 @@ Remove when: never (it is the shim's scope check).
 
 from __future__ import annotations
 
-from .._core import Adapter, Context, Patcher, UnsupportedError, Verdict
+from .._core import Adapter, Context, Kind, Patcher, UnsupportedError, Verdict
 from .._versions import in_range
 from . import _targets
 
 
 class SpeculatorsSupported(Adapter):
     name = "speculators_supported"
+    kind = Kind.SCOPE
     summary = "refuse speculators releases without the in-process generator (0.5+)"
     upstream = ("speculators 0.5.0: in-process generator replaced by vLLM's native "
                 "extract_hidden_states")

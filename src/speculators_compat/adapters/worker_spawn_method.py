@@ -8,7 +8,9 @@ subprocess`` unless the user sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``.
 How: wrap ``VllmHiddenStatesGenerator.__init__`` so the executor starts with
 ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` unless the user set the variable; it is restored
 afterwards, so vLLM's own engines in the same process keep their behaviour.
-Applies when: the installed vLLM reads ``VLLM_WORKER_MULTIPROC_METHOD``.
+Applies when: the installed vLLM reads ``VLLM_WORKER_MULTIPROC_METHOD`` and the platform
+is not CPU (vLLM's CPU platform sets ``spawn`` itself whenever a config is built, on
+every release since 0.11).
 Remove when: speculators < 0.5 support is dropped.
 """
 
@@ -18,7 +20,8 @@ import importlib
 import os
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
+from .._core import Context, Kind, Patcher, Verdict
+from . import _targets
 from ._base import GeneratorAdapter
 
 VAR = "VLLM_WORKER_MULTIPROC_METHOD"
@@ -36,6 +39,7 @@ def _spawn_during_init(wrapped, instance, args, kwargs):
 
 class WorkerSpawnMethod(GeneratorAdapter):
     name = "worker_spawn_method"
+    kind = Kind.SAFEGUARD
     summary = "start the generator's vLLM workers with spawn, not fork"
     upstream = ("vLLM forces spawn only in LLM/EngineCore (_maybe_force_spawn); "
                 "MultiprocExecutor used directly forks by default")
@@ -46,6 +50,9 @@ class WorkerSpawnMethod(GeneratorAdapter):
         envs = importlib.import_module("vllm.envs")
         if VAR not in getattr(envs, "environment_variables", {}):
             return Verdict.mismatch(f"vLLM does not read {VAR}")
+        if _targets.is_cpu_platform():
+            return Verdict.not_needed(f"the CPU platform sets {VAR}=spawn itself when the "
+                                      "generator builds its config")
         # Decided per generator construction, not here: vLLM's CPU platform itself sets the
         # variable as a side effect of building a config, so its presence now says nothing
         # about the user's choice.
