@@ -52,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import envs  # noqa: E402  (tools/envs.py, beside this file)
 
 RESULTS = ROOT / "docs" / "support-matrix.json"
+#: GPU results written by ``tools/gpu_run.sh`` (docs/gpu.md), rendered as their own table.
+GPU_RESULTS = ROOT / "docs" / "results"
 TARGET = ROOT / "docs" / "support-matrix.md"
 LOGS = ROOT / ".cache" / "matrix"
 CKPTS = ROOT / ".cache" / "ckpts"
@@ -67,10 +69,16 @@ MLA_NOTE = ("vLLM's CPU backend runs MLA from 0.28 (0.24: 'MLA is not supported 
             "not a shim limit")
 CONTRACT_NOTE = ("contract level: no CPU build of this release; PyPI's CUDA build imports here "
                  "but cannot run a model without a GPU; imports and probes only")
-#: vLLM releases each speculators release pins (its own requirement): there, speculators
-#: works without the shim on a GPU, so only adapters for the machine (no GPU) and for
-#: speculators' own data hazards should apply. (lowest, highest) as (major, minor).
+#: vLLM releases each speculators release pins (its own requirement), (lowest, highest)
+#: as (major, minor). speculators 0.3.0 was written against 0.11.0: there the shim must
+#: find no upstream change to adapt to (no ``upstream-change`` adapter may apply: the run
+#: fails otherwise), and the Llama e2e runs a second time with the safeguards disabled,
+#: leaving only what this GPU-less machine needs (``platform`` adapters). speculators
+#: 0.4.0.1 accepts 0.12-0.16 but was written against one of them: upstream changes inside
+#: that range (e.g. 0.14's async scheduling) are recorded, not failed.
 PINNED = {"0.3.0": ((0, 11), (0, 11)), "0.4.0.1": ((0, 12), (0, 16))}
+STRICT_PIN = {"0.3.0"}
+NO_SAFEGUARDS = {"SPECULATORS_COMPAT_DISABLE": "safeguard"}
 E2E_TIMEOUT = 1200
 DOCTOR_TIMEOUT = 600
 
@@ -201,7 +209,8 @@ def doctor(env_name: str, spec: str | None) -> dict[str, Any]:
         return result
     result["supported"] = True
     result["adapters"] = {a["name"]: {"status": a["status"], "reason": a["reason"],
-                                      "vllm_range": a.get("vllm_range")}
+                                      "vllm_range": a.get("vllm_range"),
+                                      "kind": a.get("kind")}
                           for a in data.get("adapters", [])}
     return result
 
@@ -302,13 +311,15 @@ if __name__ == "__main__":
 _REPORT_STEP = "ask vLLM workers for their activation report"
 
 
-def e2e(env_name: str, spec: str, kind: str, transformers: str) -> dict[str, Any]:
-    first = _e2e(env_name, spec, kind, transformers, skip_report=False)
+def e2e(env_name: str, spec: str, kind: str, transformers: str,
+        extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    first = _e2e(env_name, spec, kind, transformers, skip_report=False, extra_env=extra_env)
     if (first.get("failed_step") == _REPORT_STEP
             and "_speculators_compat_report" in (first.get("error") or "")):
         log(f"{env_name} × {spec}: e2e {kind}: workers have no report RPC (speculators' own "
             "worker extension); again without that step")
-        second = _e2e(env_name, spec, kind, transformers, skip_report=True)
+        second = _e2e(env_name, spec, kind, transformers, skip_report=True,
+                      extra_env=extra_env)
         second["harness_note"] = (
             "first run failed at the demo runner's step '" + _REPORT_STEP + "' ("
             + (first.get("error") or "") + "): speculators' own worker extension is in use "
@@ -321,9 +332,9 @@ def e2e(env_name: str, spec: str, kind: str, transformers: str) -> dict[str, Any
 
 
 def _e2e(env_name: str, spec: str, kind: str, transformers: str, *,
-         skip_report: bool) -> dict[str, Any]:
+         skip_report: bool, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     cfg = E2E[kind]
-    label = f"{env_name}-speculators-{spec}-{kind}"
+    label = f"{env_name}-speculators-{spec}-{kind}" + ("-env" if extra_env else "")
     t = time.time()
     try:
         ckpt = checkpoint(env_name, kind, transformers)
@@ -332,7 +343,7 @@ def _e2e(env_name: str, spec: str, kind: str, transformers: str, *,
                 "error": _short((exc.stderr or b"").decode(errors="replace")[-1500:], 600)}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        env = envs.spec_env(env_name, spec)
+        env = {**envs.spec_env(env_name, spec), **(extra_env or {})}
         wrapper = []
         if skip_report:
             (Path(tmp) / "no_report.py").write_text(_NO_REPORT_WRAPPER)
@@ -368,6 +379,7 @@ def _e2e(env_name: str, spec: str, kind: str, transformers: str, *,
         "min_cosine": round(min(cosines), 5) if cosines else None,
         "max_rel_abs_err": round(max(errs), 5) if errs else None,
         "applied_in_driver": applied, "applied_in_workers": worker_applied,
+        **({"env": dict(extra_env)} if extra_env else {}),
         "seconds": round(time.time() - t),
     }
     if "failed_step" in res:
@@ -470,6 +482,15 @@ def run_env(data: dict[str, Any], name: str, specs: list[str], args) -> bool:
         if srec["range_disagreements"]:
             ok = False
             log(f"{name} × {spec}: RANGE DISAGREEMENT {srec['range_disagreements']}")
+        pinned = pinned_check(spec, doc)
+        if pinned is not None:
+            srec["pinned"] = pinned
+            if pinned["strict"] and pinned["upstream_change_applied"]:
+                ok = False
+                log(f"{name} × {spec}: on speculators' own vLLM, upstream-change adapters "
+                    f"apply: {pinned['upstream_change_applied']}")
+        else:
+            srec.pop("pinned", None)
         problems = {n: a for n, a in doc["adapters"].items()
                     if a["status"] in ("mismatch", "failed")}
         if problems:
@@ -501,6 +522,15 @@ def run_env(data: dict[str, Any], name: str, specs: list[str], args) -> bool:
             log(f"{name} × {spec}: e2e {kind}: {res['status']} "
                 f"min cos {res.get('min_cosine')} {res.get('error') or ''}")
             save(data)
+            if kind == "llama" and (srec.get("pinned") or {}).get("strict"):
+                log(f"{name} × {spec}: e2e {kind} with {NO_SAFEGUARDS}")
+                res = {**e2e(name, spec, kind, rec["versions"]["transformers"],
+                             extra_env=NO_SAFEGUARDS), "shim": rev}
+                srec["pinned"]["e2e_without_safeguards"] = res
+                ok &= res["status"] == "pass"
+                log(f"{name} × {spec}: e2e {kind} without safeguards: {res['status']} "
+                    f"(applied {res.get('applied_in_driver')})")
+                save(data)
     rec["ok"] = ok
     save(data)
     if args.prune and name not in envs.CI_VERSIONS:
@@ -508,6 +538,18 @@ def run_env(data: dict[str, Any], name: str, specs: list[str], args) -> bool:
         shutil.rmtree(envs.env_dir(name), ignore_errors=True)
     log(f"{name}: done ({'ok' if ok else 'PROBLEMS'}; {free_gb():.1f} GB free)")
     return ok
+
+
+def pinned_check(spec: str, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """On a vLLM the speculators release pins: what applies, by kind (``None`` elsewhere)."""
+    vt = _vllm_tuple((doc.get("versions") or {}).get("vllm"))
+    if spec not in PINNED or vt is None or not (PINNED[spec][0] <= vt <= PINNED[spec][1]):
+        return None
+    applied = {n: a.get("kind", "upstream-change") for n, a in doc["adapters"].items()
+               if a["status"] == "applied"}
+    return {"strict": spec in STRICT_PIN, "applied": applied,
+            "upstream_change_applied": sorted(n for n, k in applied.items()
+                                              if k == "upstream-change")}
 
 
 def cmd_run(args) -> int:
@@ -667,22 +709,26 @@ def render(data: dict[str, Any]) -> str:
             out += ["", f"speculators {spec} (no in-process generator): " + "; ".join(cells)
                     + "."]
 
-    adapters: list[tuple[str, str | None]] = []
+    out += render_gpu()
+
+    adapters: dict[str, tuple[str | None, str | None]] = {}
     for r in recs:
         for spec in specs:
             doc = (r.get("speculators", {}).get(spec) or {}).get("doctor") or {}
             for n, a in (doc.get("adapters") or {}).items():
-                if n not in [x for x, _ in adapters]:
-                    adapters.append((n, a.get("vllm_range")))
+                old_kind = adapters.get(n, (None, None))[1]
+                adapters[n] = (a.get("vllm_range"), a.get("kind") or old_kind)
     out += ["", "## Adapter verdicts", "",
             "`doctor --json` in each env (a dry run). `applied`: the probe found the old "
             "shape and the adapter would act; `·`: not needed; `mismatch`: neither the old "
-            "nor the known new shape. Where speculators 0.3 and 0.4 differ, both are shown.",
+            "nor the known new shape. Where speculators 0.3 and 0.4 differ, both are shown. "
+            "Kinds: see [adapters.md](adapters.md).",
             "",
-            "| adapter | declared vLLM range | " + " | ".join(r["env"] for r in recs) + " |",
-            "|---|---|" + "---|" * len(recs)]
-    for n, rng in adapters:
-        out.append(f"| `{n}` | `{rng or 'any'}` | "
+            "| adapter | kind | declared vLLM range | " + " | ".join(r["env"] for r in recs)
+            + " |",
+            "|---|---|---|" + "---|" * len(recs)]
+    for n, (rng, kind) in adapters.items():
+        out.append(f"| `{n}` | {kind or '–'} | `{rng or 'any'}` | "
                    + " | ".join(_verdict_cell(r, n, specs) for r in recs) + " |")
 
     notes: list[str] = []
@@ -752,25 +798,68 @@ def render(data: dict[str, Any]) -> str:
     for why, where in whys.items():
         out.append(f"- Not run ({', '.join(where)}): {why}.")
     out += ["", "### On speculators' own pinned vLLM", "",
-            "There speculators works without the shim (on a GPU), so only adapters without a "
-            "declared vLLM range (the machine has no GPU; speculators' own data hazards) "
-            "should apply.", ""]
+            "speculators 0.3.0 was written against vLLM 0.11.0: there no `upstream-change` "
+            "adapter may apply (the matrix run fails otherwise). What still applies is "
+            "`platform` (this machine has no GPU) or `safeguard` (hazards in speculators' own "
+            "code; valid input gives the same result with or without them). To show 0.3.0 "
+            "works there with nothing from the shim but what the machine needs, the Llama e2e "
+            "runs a second time with `SPECULATORS_COMPAT_DISABLE=safeguard`. speculators "
+            "0.4.0.1 accepts 0.12–0.16; upstream changes inside that range that 0.4 does not "
+            "handle itself are listed.", ""]
     for r in recs:
-        vt = _vllm_tuple((r.get("versions") or {}).get("vllm"))
-        for spec, (lo, hi) in PINNED.items():
-            doc = ((r.get("speculators", {}).get(spec) or {}).get("doctor") or {})
-            if vt is None or not (lo <= vt <= hi) or not doc.get("adapters"):
+        for spec in specs:
+            s = (r.get("speculators", {}).get(spec) or {})
+            pin = s.get("pinned")
+            if not pin:
                 continue
-            applied = [(n, a.get("vllm_range")) for n, a in doc["adapters"].items()
-                       if a["status"] == "applied"]
-            ranged = [n for n, rng in applied if rng]
-            out.append(f"- {r['env']} × speculators {spec}: applied "
-                       + (", ".join(f"`{n}`" for n, _ in applied) or "nothing")
-                       + (f"; **with a declared vLLM range: {', '.join(ranged)}**" if ranged
-                          else "; none has a declared vLLM range"))
+            applied = pin.get("applied") or {}
+            text = ", ".join(f"`{n}` ({k})" for n, k in applied.items()) or "nothing"
+            line = f"- {r['env']} × speculators {spec}: applied {text}"
+            if pin.get("strict"):
+                bad = pin.get("upstream_change_applied") or []
+                line += (f"; **upstream-change adapters applied: {', '.join(bad)}**" if bad
+                         else "; no upstream-change adapter applies")
+                e = pin.get("e2e_without_safeguards")
+                if e:
+                    left = ", ".join(f"`{n}`" for n in e.get("applied_in_driver") or [])
+                    line += (f". With `SPECULATORS_COMPAT_DISABLE=safeguard` (applied: "
+                             f"{left or 'nothing'}): Llama e2e {_e2e_cell(e)}")
+            out.append(line + ".")
     out += ["", "### Problems found", ""]
     out += notes or ["- none"]
     return "\n".join(out).rstrip() + "\n"
+
+
+def render_gpu() -> list[str]:
+    """Rows of the GPU runs (``docs/results/gpu-*.json``), one per configuration."""
+    files = sorted(GPU_RESULTS.glob("gpu-*.json"))
+    if not files:
+        return []
+    out = ["", "## GPU runs", "",
+           "Recorded on the lent GPU machine with `tools/gpu_run.sh` ([gpu.md](gpu.md)): "
+           "vLLM's CUDA build, speculators' unchanged generator, every returned layer "
+           "compared with a bf16 transformers forward (same pass criteria as above). "
+           "`VLLM_USE_V2_MODEL_RUNNER` unset means the shim pins the V1 runner.", "",
+           "| file | vLLM | GPUs | speculators | model | TP | VLLM_USE_V2_MODEL_RUNNER | "
+           "runner | batches | result | min cos |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for f in files:
+        data = json.loads(f.read_text())
+        meta = data.get("meta") or {}
+        runs = sorted(data.get("runs") or [], key=lambda r: (
+            r.get("spec", ""), r.get("model", ""), r.get("tp", 0), str(r.get("v2"))))
+        for r in runs:
+            runners = {("V2" if ".worker.gpu." in (w.get("runner") or "") else "V1")
+                       for w in r.get("workers") or []}
+            result = "pass" if r.get("ok") else (
+                f"**FAIL** at *{r.get('failed_step')}*" if r.get("failed_step") else "**FAIL**")
+            cos = f"{r['min_cosine']:.5f}" if r.get("min_cosine") is not None else "–"
+            sizes = ", ".join(str(b.get("size")) for b in r.get("batches") or [])
+            out.append(f"| `{f.name}` | {meta.get('vllm', '–')} | {meta.get('n_gpus', '–')} | "
+                       f"{r.get('spec')} | {r.get('model')} | {r.get('tp')} | {r.get('v2')} | "
+                       f"{'/'.join(sorted(runners)) or '–'} | {sizes or '–'} | {result} | "
+                       f"{cos} |")
+    return out
 
 
 def cmd_render(args) -> int:
