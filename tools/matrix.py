@@ -840,14 +840,15 @@ def render_gpu() -> list[str]:
            "vLLM's CUDA build, speculators' unchanged generator, every returned layer "
            "compared with a bf16 transformers forward (same pass criteria as above). "
            "`VLLM_USE_V2_MODEL_RUNNER` unset means the shim pins the V1 runner.", "",
-           "| file | vLLM | GPUs | speculators | model | TP | VLLM_USE_V2_MODEL_RUNNER | "
-           "runner | batches | result | min cos |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| file (shim commit) | vLLM | GPUs | speculators | model | TP | "
+           "VLLM_USE_V2_MODEL_RUNNER | runner | batches | result | min cos | notes |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for f in files:
         data = json.loads(f.read_text())
         meta = data.get("meta") or {}
         runs = sorted(data.get("runs") or [], key=lambda r: (
-            r.get("spec", ""), r.get("model", ""), r.get("tp", 0), str(r.get("v2"))))
+            r.get("spec", ""), r.get("model", ""), r.get("tp", 0), str(r.get("v2")),
+            r.get("id", "")))
         for r in runs:
             runners = {("V2" if ".worker.gpu." in (w.get("runner") or "") else "V1")
                        for w in r.get("workers") or []}
@@ -855,10 +856,11 @@ def render_gpu() -> list[str]:
                 f"**FAIL** at *{r.get('failed_step')}*" if r.get("failed_step") else "**FAIL**")
             cos = f"{r['min_cosine']:.5f}" if r.get("min_cosine") is not None else "–"
             sizes = ", ".join(str(b.get("size")) for b in r.get("batches") or [])
-            out.append(f"| `{f.name}` | {meta.get('vllm', '–')} | {meta.get('n_gpus', '–')} | "
+            out.append(f"| `{f.name}` ({meta.get('shim', 'unrecorded')}) | "
+                       f"{meta.get('vllm', '–')} | {meta.get('n_gpus', '–')} | "
                        f"{r.get('spec')} | {r.get('model')} | {r.get('tp')} | {r.get('v2')} | "
                        f"{'/'.join(sorted(runners)) or '–'} | {sizes or '–'} | {result} | "
-                       f"{cos} |")
+                       f"{cos} | {r.get('note') or ''} |")
     return out
 
 

@@ -103,8 +103,10 @@ class CPUBlockSize(GeneratorAdapter):
         if bases and all(SPECULATORS_BLOCK_SIZE % b == 0 for b in bases):
             return Verdict.not_needed(f"CPU attention accepts multiples of {bases}: "
                                       "speculators' 16 is accepted")
-        return Verdict.needed("CPU platform: speculators' block size 16 is dropped when "
-                              "CacheConfig is built if CPU attention does not accept it")
+        declared = (f"CPU attention accepts multiples of {bases} only"
+                    if bases else "CPU attention declares kernel block sizes")
+        return Verdict.needed(f"{declared}: speculators' block size 16 is dropped when "
+                              "CacheConfig is built if the backend does not accept it")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         def wrapper(wrapped, instance, args, kwargs):

@@ -7,8 +7,10 @@ it.
 How: a probe only (changes nothing): if speculators is installed but its
 ``data_generation.vllm_hidden_states_generator`` module is missing, ``activate()`` raises
 :class:`~speculators_compat.UnsupportedError` naming the version and the way forward.
-Applies when: never applies a patch; raises for speculators >= 0.5, and for a vLLM
-older than the speculators release was written for (its generator's vLLM imports fail).
+Applies when: never applies a patch; raises for speculators >= 0.5, for a vLLM older
+than the speculators release was written for (its generator's vLLM imports fail), and
+for a transformers without a module speculators imports (``modeling_attn_mask_utils``,
+removed in transformers 5.21), with the pin to install instead.
 Remove when: never (it is the shim's scope check).
 """
 
@@ -36,6 +38,13 @@ class SpeculatorsSupported(Adapter):
         try:
             missing = in_range(spec, ">=0.5.0.dev0") or _targets.generator_module(ctx) is None
         except ModuleNotFoundError as exc:
+            if (exc.name or "").startswith("transformers"):
+                raise UnsupportedError(
+                    f"speculators-compat: speculators {spec} imports {exc.name}, which "
+                    f"transformers {ctx.versions.get('transformers')} no longer has (removed "
+                    "in transformers 5.21; speculators 0.3/0.4 were written for 4.x). Install "
+                    "transformers<5.21 (e.g. pip install 'transformers<5.21'); vLLM's own pin "
+                    "allows it.") from exc
             if not (exc.name or "").startswith("vllm"):
                 raise
             raise UnsupportedError(
