@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -19,6 +17,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "e2e" / "scripts"
+sys.path.insert(0, str(ROOT / "tools"))
+from sessions import run_in_own_session  # noqa: E402  (tools/sessions.py)
+
 CKPT_ROOT = Path(os.environ.get("SPECULATORS_COMPAT_TEST_CKPTS", ROOT / ".cache" / "ckpts"))
 
 
@@ -66,24 +67,11 @@ def run_script(name: str, *args: str, env: dict | None = None, timeout: int = 90
         if full_env.get("PYTHONPATH"):  # scripts run in a temp cwd: make entries absolute
             full_env["PYTHONPATH"] = os.pathsep.join(
                 os.path.abspath(p) for p in full_env["PYTHONPATH"].split(os.pathsep) if p)
-        log = Path(tmp) / "output.log"
-        with open(log, "w") as logf:
-            # Own session, output to a file: vLLM processes left behind by a crashed script
-            # can neither block the test on a pipe nor outlive it.
-            proc = subprocess.Popen([sys.executable, str(SCRIPTS / name), "--out", str(out),
-                                     *args], env=full_env, stdout=logf, stderr=subprocess.STDOUT,
-                                    cwd=tmp, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                rc = -9
-            finally:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
-        output = log.read_text(errors="replace")
+        # Own session, output to a file: vLLM processes left behind by a crashed script
+        # can neither block the test on a pipe nor outlive it.
+        rc, output = run_in_own_session(
+            [sys.executable, str(SCRIPTS / name), "--out", str(out), *args], full_env,
+            Path(tmp) / "output.log", timeout, tmp)
         if not out.exists():
             raise AssertionError(f"{name} wrote no result (rc={rc}):\n{output[-10000:]}")
         data = json.loads(out.read_text())

@@ -34,10 +34,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import envs  # noqa: E402  (tools/envs.py, beside this file)
+from sessions import run_in_own_session  # noqa: E402
 
 RESULTS = ROOT / "docs" / "support-matrix.json"
 #: GPU results written by ``tools/gpu_run.sh`` (docs/gpu.md), rendered as their own table.
@@ -132,27 +131,6 @@ def shim_revision() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
-def _spawn(cmd: list[str], env: dict[str, str], logfile: Path, timeout: int,
-           cwd: str | Path) -> tuple[int, str]:
-    """Run in its own session with output to ``logfile``; kill the whole group after
-    (vLLM workers left by a crash must not outlive the run). Returns (rc, output)."""
-    logfile.parent.mkdir(parents=True, exist_ok=True)
-    with open(logfile, "w") as f:
-        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=cwd,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            rc = -9
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-    return rc, logfile.read_text(errors="replace")
-
-
 def _first_json_object(text: str) -> dict[str, Any] | None:
     """The JSON object in output that may also carry log lines (vLLM logs to stdout)."""
     dec = json.JSONDecoder()
@@ -196,9 +174,9 @@ def _vllm_tuple(version: str | None) -> tuple[int, int] | None:
 
 def doctor(env_name: str, spec: str | None) -> dict[str, Any]:
     label = f"{env_name}-speculators-{spec}-doctor"
-    rc, out = _spawn([str(envs.env_python(env_name)), "-m", "speculators_compat", "doctor",
-                      "--json"], envs.spec_env(env_name, spec), LOGS / f"{label}.log",
-                     DOCTOR_TIMEOUT, ROOT)
+    rc, out = run_in_own_session(
+        [str(envs.env_python(env_name)), "-m", "speculators_compat", "doctor", "--json"],
+        envs.spec_env(env_name, spec), LOGS / f"{label}.log", DOCTOR_TIMEOUT, ROOT)
     data = _first_json_object(out)
     if data is None:
         return {"rc": rc, "supported": None, "error": _short(out[-2000:], 1500)}
@@ -281,11 +259,12 @@ def baseline(env_name: str, ckpt: str, kind: str) -> dict[str, Any]:
     tells a failure of the release itself from one of the shim."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        rc, output = _spawn([str(envs.env_python(env_name)),
-                             str(ROOT / "tests" / "e2e" / "scripts" / "llm_tokens.py"),
-                             "--out", str(out), "--model", ckpt],
-                            envs.spec_env(env_name, None),
-                            LOGS / f"{env_name}-baseline-{kind}.log", E2E_TIMEOUT, tmp)
+        rc, output = run_in_own_session(
+            [str(envs.env_python(env_name)),
+             str(ROOT / "tests" / "e2e" / "scripts" / "llm_tokens.py"),
+             "--out", str(out), "--model", ckpt],
+            envs.spec_env(env_name, None), LOGS / f"{env_name}-baseline-{kind}.log",
+            E2E_TIMEOUT, tmp)
         if out.exists():
             return {"ok": True}
         return {"ok": False, "error": _root_cause(output) or f"rc={rc}, no result"}
@@ -348,11 +327,12 @@ def _e2e(env_name: str, spec: str, kind: str, transformers: str, *,
         if skip_report:
             (Path(tmp) / "no_report.py").write_text(_NO_REPORT_WRAPPER)
             wrapper = [str(Path(tmp) / "no_report.py")]
-        rc, output = _spawn([str(envs.env_python(env_name)), *wrapper,
-                             str(ROOT / "tests" / "e2e" / "scripts" / "generate.py"),
-                             "--out", str(out), "--model", ckpt, "--layers", cfg["layers"],
-                             "--batches", cfg["batches"]], env, LOGS / f"{label}.log",
-                            E2E_TIMEOUT, tmp)
+        rc, output = run_in_own_session(
+            [str(envs.env_python(env_name)), *wrapper,
+             str(ROOT / "tests" / "e2e" / "scripts" / "generate.py"),
+             "--out", str(out), "--model", ckpt, "--layers", cfg["layers"],
+             "--batches", cfg["batches"]],
+            env, LOGS / f"{label}.log", E2E_TIMEOUT, tmp)
         if not out.exists():
             tail = [ln for ln in output.splitlines() if ln.strip()][-3:]
             return {"status": "fail", "failed_step": "process",

@@ -343,9 +343,15 @@ def _consumer_owned(gen: ModuleType) -> dict[str, object]:
     return {_label(obj): obj for obj in spaces}
 
 
+#: Variables vLLM's own modules set when first imported (not the shim's doing; which
+#: import comes first depends on test order): e.g. vllm._aiter_ops syncs AITER_SITUV2_*.
+IMPORT_SIDE_EFFECT_ENV = ("AITER_",)
+
+
 def snapshot(spaces: dict[str, object]) -> dict[str, dict]:
     snap = {label: dict(vars(obj)) for label, obj in spaces.items()}
-    snap["os.environ"] = dict(os.environ)
+    snap["os.environ"] = {k: v for k, v in os.environ.items()
+                          if not k.startswith(IMPORT_SIDE_EFFECT_ENV)}
     return snap
 
 
@@ -1426,6 +1432,32 @@ def test_strict_activation_raises_nothing(base: Base):
         assert not report.by_status(Status.FAILED) and not report.by_status(Status.MISMATCH)
         assert set(report.applied) == {n for n in ADAPTER_NAMES
                                        if expected_status(n, base.env) is APPLIED}
+
+
+def test_foreign_api_shape_is_a_mismatch_and_strict_refuses(base: Base, monkeypatch):
+    """An installed API of neither the old nor the known new shape (a future vLLM): the
+    adapter reports ``mismatch`` and changes nothing; strict mode raises and leaves
+    nothing patched. Simulated by rebinding, in speculators' real module, the KV helper to
+    a function of another signature."""
+    gen = base.gen
+
+    def get_kv_cache_config_from_groups(vllm_config, groups, budget):  # foreign shape
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(gen, "get_kv_cache_config_from_groups", get_kv_cache_config_from_groups)
+    spaces = {**_vllm_owned(), **_consumer_owned(gen)}
+    before = snapshot(spaces)
+    adapter = BY_NAME["kv_cache_specs_kwarg"]
+    with activated(adapter) as report:
+        assert report[adapter.name].status is Status.MISMATCH, report[adapter.name]
+        assert "get_kv_cache_config_from_groups" in report[adapter.name].reason
+        assert gen.get_kv_cache_config_from_groups is get_kv_cache_config_from_groups
+    others = [a for a in ADAPTERS if a.name not in PRE_IMPORT]  # all, as a user activates
+    with pytest.raises(CompatError, match=r"strict.*kv_cache_specs_kwarg: mismatch"), \
+            activated(*others, strict=True):
+        pass  # pragma: no cover - activation raises
+    assert gen.get_kv_cache_config_from_groups is get_kv_cache_config_from_groups
+    assert diff(before, snapshot(spaces)) == set()
 
 
 def test_global_activation_never_used(base: Base):

@@ -95,6 +95,13 @@ def test_report_file_env_makes_activate_write_it(make_activation, toy, tmp_path,
     assert data["adapters"][0]["name"] == "a"
 
 
+def test_report_file_written_by_the_driver_only(make_activation, toy, tmp_path, monkeypatch):
+    path = tmp_path / "provenance.json"
+    monkeypatch.setenv(_env.REPORT_FILE, str(path))
+    make_activation(toy("a")).activate(process="worker")
+    assert not path.exists()
+
+
 def test_report_file_not_written_on_strict_failure(make_activation, toy, tmp_path, monkeypatch):
     path = tmp_path / "provenance.json"
     monkeypatch.setenv(_env.REPORT_FILE, str(path))
