@@ -30,16 +30,16 @@ Usage (one command; see docs/performance.md)::
 
     PYTHONPATH=.envs/speculators-0.4.0.1 .envs/vllm-0.32.0/bin/python benchmarks/bench.py
 
-    # small smoke configuration (not for conclusions)
-    ... benchmarks/bench.py --repeats 2 --num-seqs 4 --seq-len 64 --out /tmp/r.json \
-        --plot /tmp/perf.svg
+    # small smoke configuration (not for conclusions; plot next to --out)
+    ... benchmarks/bench.py --repeats 2 --num-seqs 4 --seq-len 64 --out /tmp/r.json
 
     # re-render plot / docs from a results file without re-running
     ... benchmarks/bench.py --render benchmarks/results.json --update-docs
 
 The parent writes ``benchmarks/results.json`` (every child's raw JSON plus aggregates),
 ``docs/perf.svg`` and, with ``--update-docs``, the generated block of
-``docs/performance.md``.
+``docs/performance.md``. With another ``--out``, the plot goes beside it (``.svg``) unless
+``--plot`` says otherwise.
 """
 
 from __future__ import annotations
@@ -822,7 +822,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ckpt-root", default=str(ROOT / ".cache" / "bench"))
     ap.add_argument("--timeout", type=int, default=1800, help="per child, seconds")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
-    ap.add_argument("--plot", default=str(ROOT / "docs" / "perf.svg"))
+    ap.add_argument("--plot", default=None,
+                    help="plot path (default: docs/perf.svg for the default --out, else "
+                         "--out with .svg, so a side run never overwrites the docs' plot)")
     ap.add_argument("--update-docs", action="store_true",
                     help="rewrite the generated results block of docs/performance.md")
     ap.add_argument("--docs", default=str(ROOT / "docs" / "performance.md"))
@@ -840,6 +842,11 @@ def main(argv=None) -> int:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import perfreport
+
+    if a.plot is None:
+        side_run = (not a.render and Path(a.out).resolve()
+                    != (ROOT / "benchmarks" / "results.json").resolve())
+        a.plot = str(Path(a.out).with_suffix(".svg") if side_run else ROOT / "docs" / "perf.svg")
 
     if a.render:
         data = json.loads(Path(a.render).read_text())
