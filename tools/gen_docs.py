@@ -28,8 +28,10 @@ def render() -> str:
         Kind.PLATFORM: "lets the pipeline run where upstream never ran it (vLLM's CPU "
                        "platform, no CUDA device); not needed on a GPU machine",
         Kind.SAFEGUARD: "guards against a data-loss or crash hazard in speculators' own code, "
-                        "on every vLLM where the hazard exists; valid input gives the same "
-                        "result with or without it",
+                        "on every vLLM where the hazard exists; it changes upstream's result "
+                        "only where upstream would lose or misorder data (batches above "
+                        "max_num_seqs, chunked prompts, a failed call's leftovers, 0.4.x "
+                        "result order) or fail",
         Kind.SCOPE: "patches nothing: refuses what the shim cannot support",
     }
 

@@ -780,8 +780,10 @@ def render(data: dict[str, Any]) -> str:
     out += ["", "### On speculators' own pinned vLLM", "",
             "speculators 0.3.0 was written against vLLM 0.11.0: there no `upstream-change` "
             "adapter may apply (the matrix run fails otherwise). What still applies is "
-            "`platform` (this machine has no GPU) or `safeguard` (hazards in speculators' own "
-            "code; valid input gives the same result with or without them). To show 0.3.0 "
+            "`platform` (this machine has no GPU) or `safeguard` (data-loss or crash hazards in "
+            "speculators' own code; they change upstream's result only where upstream would "
+            "lose or misorder data, see [quickstart](quickstart.md#adapter-kinds)). To show "
+            "0.3.0 "
             "works there with nothing from the shim but what the machine needs, the Llama e2e "
             "runs a second time with `SPECULATORS_COMPAT_DISABLE=safeguard`. speculators "
             "0.4.0.1 accepts 0.12–0.16; upstream changes inside that range that 0.4 does not "
