@@ -11,9 +11,10 @@ size the KV cache really uses. The backend is asked when speculators builds its
 ``CacheConfig``, not at ``activate()``: importing the attention backend costs about a
 second, which ``activate()`` must not.
 Applies when: the platform is CPU and the CPU attention backend's source declares
-kernel block sizes that exclude 16 or cannot be read (0.24+); releases whose backend
-declares none (0.11-0.20) accept 16. The backend's own answer is checked again at call
-time.
+kernel block sizes that exclude 16, or declares them in a form the probe cannot read
+(0.29+ nightlies and 0.32: ``MultipleOf(32)``). Not needed where it declares none
+(0.11-0.20) or multiples of 16 (0.24, 0.28). The backend's own answer is checked again
+at call time.
 Remove when: speculators 0.3/0.4 support is dropped.
 """
 
