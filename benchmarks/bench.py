@@ -311,6 +311,30 @@ def _capture_off(worker) -> bool:
     return True
 
 
+def _timed(fn, stats: dict, cpu_clock):
+    """``fn`` wrapped to add its CPU time (``cpu_clock``) and wall time to ``stats``."""
+
+    def timed(*args, **kwargs):
+        c, w = cpu_clock(), time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            stats["cpu_s"] += cpu_clock() - c
+            stats["wall_s"] += time.perf_counter() - w
+            stats["calls"] += 1
+
+    return timed
+
+
+def _take(stats: dict | None) -> dict | None:
+    """A copy of timer ``stats``, which are then reset (``None`` if never installed)."""
+    if stats is None:
+        return None
+    out = dict(stats)
+    stats.update(cpu_s=0.0, wall_s=0.0, calls=0)
+    return out
+
+
 def _time_hooks(worker) -> int:
     """Runs in the worker: wrap the capture's forward hooks with CPU-time (thread_time) and
     wall-clock counters, readable with ``_read_hook_timers``. Benchmark-only; the hooks'
@@ -325,29 +349,13 @@ def _time_hooks(worker) -> int:
         hooks = handle.hooks_dict_ref()
         if hooks is None or handle.id not in hooks:
             continue
-        orig = hooks[handle.id]
-
-        def timed(module, inputs, output, _orig=orig):
-            c, w = time.thread_time(), time.perf_counter()
-            try:
-                return _orig(module, inputs, output)
-            finally:
-                stats["cpu_s"] += time.thread_time() - c
-                stats["wall_s"] += time.perf_counter() - w
-                stats["calls"] += 1
-
-        hooks[handle.id] = timed
+        hooks[handle.id] = _timed(hooks[handle.id], stats, time.thread_time)
         n += 1
     return n
 
 
 def _read_hook_timers(worker) -> dict | None:
-    stats = getattr(worker, "_bench_hook_stats", None)
-    if stats is None:
-        return None
-    out = dict(stats)
-    stats.update(cpu_s=0.0, wall_s=0.0, calls=0)
-    return out
+    return _take(getattr(worker, "_bench_hook_stats", None))
 
 
 def _time_worker_steps(worker) -> bool:
@@ -359,29 +367,13 @@ def _time_worker_steps(worker) -> bool:
     stats = {"wall_s": 0.0, "cpu_s": 0.0, "calls": 0}
     inner._bench_step_stats = stats
     for name in ("execute_model", "sample_tokens"):
-        orig = getattr(inner, name)
-
-        def timed(*args, _orig=orig, **kwargs):
-            c, w = time.process_time(), time.perf_counter()
-            try:
-                return _orig(*args, **kwargs)
-            finally:
-                stats["cpu_s"] += time.process_time() - c
-                stats["wall_s"] += time.perf_counter() - w
-                stats["calls"] += 1
-
-        setattr(inner, name, timed)
+        setattr(inner, name, _timed(getattr(inner, name), stats, time.process_time))
     return True
 
 
 def _read_worker_steps(worker) -> dict | None:
     inner = getattr(worker, "worker", worker)
-    stats = getattr(inner, "_bench_step_stats", None)
-    if stats is None:
-        return None
-    out = dict(stats)
-    stats.update(wall_s=0.0, cpu_s=0.0, calls=0)
-    return out
+    return _take(getattr(inner, "_bench_step_stats", None))
 
 
 def _worker_info(worker) -> dict:
