@@ -43,14 +43,6 @@ def _accepts(sizes, size: int) -> bool:
     return False
 
 
-def _describe(sizes) -> str:
-    out = []
-    for s in sizes:
-        base = getattr(s, "base", None)
-        out.append(str(s) if isinstance(s, int) else f"multiple of {base}" if base else repr(s))
-    return "[" + ", ".join(out) + "]"
-
-
 def cpu_attention_block_sizes():
     """Kernel block sizes of the CPU attention backend, or ``None`` if not declared."""
     try:
