@@ -394,7 +394,8 @@ class Activation:
                                  adapter.phase.value, adapter.vllm_range, changes or [],
                                  adapter.kind.value)
 
-        if adapter.name in disabled or adapter.kind.value in disabled:
+        by_kind = adapter.kind is not Kind.SCOPE and adapter.kind.value in disabled
+        if adapter.name in disabled or by_kind:
             return result(Status.DISABLED, f"disabled by {_env.DISABLE}")
         if selected is not None and adapter.name not in selected:
             return result(Status.DISABLED, "not selected by activate(only=...)")

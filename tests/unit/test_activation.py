@@ -370,6 +370,15 @@ def test_disable_env_by_kind(make_activation, toy, monkeypatch, caplog):
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
+def test_scope_checks_cannot_be_disabled_by_kind(make_activation, toy, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    monkeypatch.setenv(_env.DISABLE, "scope")
+    rep = make_activation(toy("s", kind=Kind.SCOPE)).activate()
+    assert rep["s"].status is Status.APPLIED
+    assert any("scope" in r.getMessage() for r in caplog.records
+               if r.levelno == logging.WARNING)
+
+
 def test_summary_groups_applied_by_kind(make_activation, toy):
     not_needed = Verdict.not_needed("no")
     rep = make_activation(toy("a"), toy("p", kind=Kind.PLATFORM),

@@ -81,7 +81,7 @@ class CPUBlockSize(GeneratorAdapter):
     name = "cpu_block_size"
     kind = Kind.PLATFORM
     summary = "let the CPU platform choose the KV block size instead of speculators' 16"
-    upstream = ("vLLM CPU attention (0.2x): kernel block sizes MultipleOf(32); "
+    upstream = ("vLLM CPU attention (0.29+): kernel block sizes MultipleOf(32); "
                 "vllm/v1/attention/backends/cpu_attn.py")
     vllm_range = None
     remove_when = "speculators 0.3/0.4 support is dropped"
@@ -93,7 +93,7 @@ class CPUBlockSize(GeneratorAdapter):
         if bases == []:
             return Verdict.not_needed("CPU attention declares no kernel block sizes of its "
                                       "own: speculators' 16 is accepted")
-        if bases and all(SPECULATORS_BLOCK_SIZE % b == 0 for b in bases):
+        if bases and any(SPECULATORS_BLOCK_SIZE % b == 0 for b in bases):  # as _accepts
             return Verdict.not_needed(f"CPU attention accepts multiples of {bases}: "
                                       "speculators' 16 is accepted")
         declared = (f"CPU attention accepts multiples of {bases} only"
