@@ -270,48 +270,16 @@ def baseline(env_name: str, ckpt: str, kind: str) -> dict[str, Any]:
         return {"ok": False, "error": _root_cause(output) or f"rc={rc}, no result"}
 
 
-#: generate.py with the demo runner's worker-report step skipped. That step calls an RPC
-#: of the shim's worker extension, which is in use only where ``hook_capture`` applies;
-#: where it does not (vLLM 0.11.0 with speculators 0.3.0), speculators' own extension runs
-#: and the step fails though extraction works. Used only to retry after that failure.
-_NO_REPORT_WRAPPER = """
-import runpy, sys
-if __name__ == "__main__":
-    from speculators_compat.demo import runner
-    orig = runner._Steps.__call__
-    def call(self, name, fn, *a, **k):
-        if name.startswith("ask vLLM workers"):
-            return None
-        return orig(self, name, fn, *a, **k)
-    runner._Steps.__call__ = call
-    sys.argv = sys.argv[1:]
-    runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-_REPORT_STEP = "ask vLLM workers for their activation report"
-
-
 def e2e(env_name: str, spec: str, kind: str, transformers: str,
         extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-    first = _e2e(env_name, spec, kind, transformers, skip_report=False, extra_env=extra_env)
-    if (first.get("failed_step") == _REPORT_STEP
-            and "_speculators_compat_report" in (first.get("error") or "")):
-        log(f"{env_name} × {spec}: e2e {kind}: workers have no report RPC (speculators' own "
-            "worker extension); again without that step")
-        second = _e2e(env_name, spec, kind, transformers, skip_report=True,
-                      extra_env=extra_env)
-        second["harness_note"] = (
-            "first run failed at the demo runner's step '" + _REPORT_STEP + "' ("
-            + (first.get("error") or "") + "): speculators' own worker extension is in use "
-            "(hook_capture not needed) and has no report RPC; result of a second run "
-            "without that step")
-        first = second
-    if first["status"] == "fail" and first.get("ckpt"):
-        return _with_baseline(first, env_name, first["ckpt"], kind)
-    return first
+    result = _e2e(env_name, spec, kind, transformers, extra_env=extra_env)
+    if result["status"] == "fail" and result.get("ckpt"):
+        return _with_baseline(result, env_name, result["ckpt"], kind)
+    return result
 
 
 def _e2e(env_name: str, spec: str, kind: str, transformers: str, *,
-         skip_report: bool, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+         extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     cfg = E2E[kind]
     label = f"{env_name}-speculators-{spec}-{kind}" + ("-env" if extra_env else "")
     t = time.time()
@@ -323,12 +291,8 @@ def _e2e(env_name: str, spec: str, kind: str, transformers: str, *,
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         env = {**envs.spec_env(env_name, spec), **(extra_env or {})}
-        wrapper = []
-        if skip_report:
-            (Path(tmp) / "no_report.py").write_text(_NO_REPORT_WRAPPER)
-            wrapper = [str(Path(tmp) / "no_report.py")]
         rc, output = run_in_own_session(
-            [str(envs.env_python(env_name)), *wrapper,
+            [str(envs.env_python(env_name)),
              str(ROOT / "tests" / "e2e" / "scripts" / "generate.py"),
              "--out", str(out), "--model", ckpt, "--layers", cfg["layers"],
              "--batches", cfg["batches"]],
@@ -563,7 +527,7 @@ def _e2e_cell(r: dict[str, Any] | None) -> str:
     if not r:
         return "–"
     if r["status"] == "pass":
-        return f"pass (min cos {r['min_cosine']:.4f})" + ("¹" if r.get("harness_note") else "")
+        return f"pass (min cos {r['min_cosine']:.4f})"
     if r["status"] == "not-run":
         return "n/a"
     if r["status"] == "vllm-fails":
@@ -674,10 +638,6 @@ def render(data: dict[str, Any]) -> str:
                                             " outside range**")
             out.append(f"| {r['env']} | {spec} | {_e2e_cell(e.get('llama'))} | "
                        f"{_e2e_cell(e.get('deepseek_v3'))} | {ctext} | {rtext} |")
-    harness = sorted({x["harness_note"] for r in recs for s in r.get("speculators", {}).values()
-                      for x in (s.get("e2e") or {}).values() if x.get("harness_note")})
-    for note in harness:
-        out += ["", f"¹ {note}."]
     for spec in unsupported:
         cells = []
         for r in recs:
