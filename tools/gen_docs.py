@@ -33,6 +33,8 @@ def render() -> str:
                         "max_num_seqs, chunked prompts, a failed call's leftovers, 0.4.x "
                         "result order) or fail",
         Kind.SCOPE: "patches nothing: refuses what the shim cannot support",
+        Kind.PERFORMANCE: "changes how captured data moves between processes, never what it "
+                          "is; disable it to get upstream's path back",
     }
 
     lines = [

@@ -46,13 +46,16 @@ class Kind(str, enum.Enum):
     ``platform`` adapters let the pipeline run where upstream never ran it (vLLM's CPU
     platform, no CUDA device) and apply only there. ``safeguard`` adapters guard against
     data-loss or crash hazards in speculators' own code, on every vLLM where the hazard
-    exists; ``scope`` adapters only refuse what the shim cannot support.
+    exists; ``scope`` adapters only refuse what the shim cannot support; ``performance``
+    adapters change how data moves, never what it is (disable them to get upstream's
+    path back).
     """
 
     UPSTREAM_CHANGE = "upstream-change"
     PLATFORM = "platform"
     SAFEGUARD = "safeguard"
     SCOPE = "scope"
+    PERFORMANCE = "performance"
 
 
 class Phase(str, enum.Enum):
