@@ -19,6 +19,12 @@ not in the scheduler's order); there the capture records the batch that
 ``prepare_inputs`` returns for the step (``req_ids`` + ``num_scheduled_tokens``, the
 order the model's rows are in) and attributes rows with it. Results are then produced in
 the installed speculators' own contract by :mod:`speculators_compat.worker_extension`.
+
+Positions: a step's rows of a request are the prompt positions starting at the request's
+``num_computed_tokens`` in the scheduler output, not simply the next ones after those
+already taken. After a preemption vLLM V1 resets ``num_computed_tokens`` to 0 and runs
+the prompt again: the capture then restarts that request's rows (the earlier ones are
+dropped), and it refuses any other gap or overlap rather than mislabel rows.
 """
 
 from __future__ import annotations
@@ -92,6 +98,42 @@ def request_order_key(req_id: str, first_seen: int) -> tuple:
     if m:
         return (0, int(m.group(1)), int(m.group(2)), first_seen)
     return (1, 0, 0, first_seen)
+
+
+def scheduled_positions(so: Any) -> dict[str, int]:
+    """Prompt position of each scheduled request's first token in this step.
+
+    Read from the scheduler output's ``num_computed_tokens``: ``scheduled_new_reqs[i]``
+    carries it as an attribute; ``scheduled_cached_reqs`` is one object with parallel
+    lists ``req_ids`` / ``num_computed_tokens`` (vLLM 0.10+), or a list of per-request
+    objects (earlier V1 releases). Probed, not keyed on version strings; a request whose
+    position cannot be read is missing from the result.
+    """
+    pos: dict[str, int] = {}
+    for new in getattr(so, "scheduled_new_reqs", None) or ():
+        n = getattr(new, "num_computed_tokens", None)
+        if n is not None:
+            pos[new.req_id] = int(n)
+    cached = getattr(so, "scheduled_cached_reqs", None)
+    if cached is None:
+        return pos
+    if isinstance(cached, (list, tuple)):
+        for c in cached:
+            n = getattr(c, "num_computed_tokens", None)
+            if n is not None:
+                pos[c.req_id] = int(n)
+        return pos
+    ids = list(getattr(cached, "req_ids", None) or ())
+    nums = getattr(cached, "num_computed_tokens", None)
+    if nums is not None:
+        nums = list(nums)
+        if len(nums) != len(ids):
+            raise CompatError(
+                "speculators-compat: the scheduler output lists "
+                f"{len(ids)} cached requests but {len(nums)} computed-token counts; "
+                "refusing to attribute rows.")
+        pos.update(zip(ids, (int(n) for n in nums)))
+    return pos
 
 
 class LayerCapture:
@@ -177,6 +219,9 @@ class LayerCapture:
         self.first_seen: dict[str, int] = {}
         self.rows: dict[str, list[list[Any]]] = {}
         self.count: dict[str, int] = {}
+        #: Requests whose rows were restarted because vLLM recomputed their prompt
+        #: (preemption), counted since this reset (read by tests and the soak run).
+        self.restarts = 0
         self.armed = True
         if self._v2:
             held = getattr(getattr(self.runner, "req_states", None), "req_id_to_index", None)
@@ -232,6 +277,49 @@ class LayerCapture:
                     "(prompt embeddings are not supported by the capture).")
             self.prompt_len[new.req_id] = len(prompt)
             self.first_seen.setdefault(new.req_id, len(self.first_seen))
+        self._check_positions(so)
+
+    def _check_positions(self, so: Any) -> None:
+        """Line up each capture request's rows with where the step's chunk starts.
+
+        Rows are taken as prompt positions ``count[rid]..``; the scheduler says the chunk
+        starts at ``num_computed_tokens``. Equal: the normal case. 0 while rows were
+        already taken: the prompt is being recomputed (a V1 preemption resets the request
+        to 0), so its rows restart. Anything else (a gap, e.g. positions served from a
+        prefix cache, or a partial rewind) cannot be attributed: refuse.
+        """
+        positions = scheduled_positions(so)
+        for rid in so.num_scheduled_tokens:
+            plen = self.prompt_len.get(rid)
+            if plen is None:
+                continue
+            done = self.count.get(rid, 0)
+            start = positions.get(rid)
+            if start is None:
+                if done >= plen:
+                    continue  # prompt fully captured; later rows are not kept anyway
+                raise CompatError(
+                    f"speculators-compat: the scheduler output gives no num_computed_tokens "
+                    f"for request {rid}; the capture cannot tell which prompt positions this "
+                    "step computes, refusing to attribute rows. Please report this vLLM "
+                    "release.")
+            if start == done or (start >= plen and done >= plen):
+                continue
+            if start == 0:
+                self._restart(rid)
+                continue
+            held = f"rows 0..{done - 1}" if done else "no rows"
+            raise CompatError(
+                f"speculators-compat: request {rid}: this step computes prompt positions "
+                f"from {start}, but the capture holds {held} of its {plen}; "
+                "positions it did not see (a prefix-cache hit?) or a partial recompute "
+                "cannot be attributed. Start the generator with prefix caching off.")
+
+    def _restart(self, rid: str) -> None:
+        """Drop a request's rows taken so far: its prompt is computed again from 0."""
+        self.count.pop(rid, None)
+        self.rows.pop(rid, None)
+        self.restarts += 1
 
     def _layout(self, num_rows: int) -> list[tuple[str, int, int]]:
         """(request id, row offset, rows to keep) for this step, in the runner's order."""
