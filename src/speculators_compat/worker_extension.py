@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _transport
 from ._core import CompatError
 
 
@@ -47,6 +48,28 @@ class _CompatHiddenStatesExtension:
         """Accepted for speculators 0.4's driver; rows are attributed from the runner's own
         batch layout instead, which also covers decode rows and reordered batches."""
 
+    def _compat_export_states(self, released=(), more: bool = False) -> dict | None:
+        """The shared-memory transport's RPC (see :mod:`speculators_compat._transport`):
+        the captured states of ``_get_captured_states``, copied into shared memory, as a
+        small descriptor; ``released`` names segments the driver no longer uses."""
+        cap = self._capture()
+        if not cap.enabled:
+            return None
+        exporter = getattr(self, "_compat_exporter", None)
+        if exporter is None:
+            exporter = self._compat_exporter = _transport.ShmExporter()
+        exporter.release(released)
+        if more:
+            return exporter.next_piece()
+        states = self._get_captured_states()
+        if states is None:
+            return None
+        try:
+            return exporter.export(states, self.CONTRACT)
+        except (OSError, MemoryError) as exc:
+            exporter.reset()
+            return _transport.rpc_reply(states, f"shared memory refused in the worker: {exc!r}")
+
     def _speculators_compat_report(self) -> dict | None:
         from ._plugin import worker_report
 
@@ -56,6 +79,8 @@ class _CompatHiddenStatesExtension:
 class ListContractExtension(_CompatHiddenStatesExtension):
     """speculators 0.3.x contract: a list with one tensor per layer (ascending layer id),
     rows of all requests concatenated in input order; ``None`` if nothing was captured."""
+
+    CONTRACT = _transport.LIST
 
     def _get_captured_states(self) -> list[Any] | None:
         cap = self._capture()
@@ -72,6 +97,8 @@ class ListContractExtension(_CompatHiddenStatesExtension):
 
 class ByRequestContractExtension(_CompatHiddenStatesExtension):
     """speculators 0.4.x contract: ``{request_id: [tensor per layer]}``; ``None`` if empty."""
+
+    CONTRACT = _transport.BY_REQUEST
 
     def _get_captured_states(self) -> dict[str, list[Any]] | None:
         cap = self._capture()

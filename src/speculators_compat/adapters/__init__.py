@@ -26,6 +26,7 @@ from .scheduler_block_size import SchedulerBlockSize
 from .scheduler_config_encoder_decoder import SchedulerConfigEncoderDecoder
 from .scheduler_prefill_only import SchedulerPrefillOnly
 from .scheduling_sync import SchedulingSync
+from .shm_transport import ShmTransport
 from .speculators_supported import SpeculatorsSupported
 from .transformers5_config_torch import Transformers5ConfigTorch
 from .worker_spawn_method import WorkerSpawnMethod
@@ -50,6 +51,7 @@ ADAPTERS: list[Adapter] = [
     RequestEosTokenId(),
     KVCacheLayoutResolution(),
     ExecutorSampleTokens(),
+    ShmTransport(),  # inside collective_rpc_unique_reply: it sees vLLM's reply convention
     CollectiveRpcUniqueReply(),
     ExecutorWarmupSplit(),
     HookCapture(),

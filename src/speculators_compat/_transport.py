@@ -1,0 +1,410 @@
+"""Captured hidden states reach the driver through shared memory, not through pickles.
+
+Why: speculators' generator fetches every captured row with
+``collective_rpc("_get_captured_states")``. vLLM pickles the reply: a CUDA tensor goes
+through ``torch.save`` into bytes (a blocking device-to-host copy into pageable memory),
+through the executor's response queue, and is loaded again in the driver onto the
+driver's GPU, where speculators' ``.cpu()`` copies it back. With four layers of an
+8B-shaped model that costs about three quarters of the wall time on an H200.
+
+How: the worker that captures (TP rank 0) copies the captured tensors into anonymous
+shared memory (``memfd_create``; pinned with ``cudaHostRegister`` when CUDA is up, so
+the copies are DMA at full bus speed) and replies with a small descriptor (file
+descriptor numbers, offsets, shapes, dtypes). The driver maps the worker's memory
+through ``/proc/<pid>/fd/<n>`` and hands speculators CPU tensors that are views of it:
+the only driver-side copy is speculators' own ``clone()``. Nothing is ever created in
+``/dev/shm`` (a memfd has no name there and is not bound by its size, e.g. Docker's
+64 MB default), and the memory goes away with the last process that maps it, however
+the processes end.
+
+Ownership: a segment the driver holds views of is *leased*; the worker never writes a
+leased segment. When the driver's views of a segment are all gone (a ``weakref``
+finalizer on the array the views share), the segment is released with the next request.
+The pool is bounded (``SPECULATORS_COMPAT_TRANSPORT_BYTES``, default a quarter of the
+available memory, at most 8 GiB): a batch larger than the pool comes in pieces, which
+the driver copies into memory of its own (so results stay valid whatever happens to the
+pool). When shared memory cannot be used (no ``memfd_create``, ``/proc/<pid>/fd`` not
+readable, allocation refused), the reply carries the states the old way and the
+driver logs why, once: never a crash, never different data.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+import weakref
+from collections import deque
+from typing import Any
+
+logger = logging.getLogger("speculators_compat")
+
+#: Marker key of a transport reply (a plain dict: it must unpickle without this module).
+MARKER = "speculators_compat_transport"
+#: Upper bound of the worker's shared-memory pool, in bytes.
+POOL_BYTES_ENV = "SPECULATORS_COMPAT_TRANSPORT_BYTES"
+CHUNK_BYTES = 256 << 20
+MAX_DEFAULT_POOL = 8 << 30
+#: The worker RPC the driver calls instead of ``_get_captured_states``.
+EXPORT_RPC = "_compat_export_states"
+
+LIST = "list"
+BY_REQUEST = "by_request"
+
+
+def default_pool_bytes() -> int:
+    env = os.environ.get(POOL_BYTES_ENV)
+    if env:
+        return max(int(env), 1 << 20)
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if available is None:
+        return 1 << 30
+    return max(min(available // 4, MAX_DEFAULT_POOL), CHUNK_BYTES)
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine cannot use the shared-memory transport (``None`` if it can)."""
+    if not hasattr(os, "memfd_create"):
+        return "os.memfd_create is not available (Linux only)"
+    try:
+        fd = os.memfd_create("speculators-compat-probe", os.MFD_CLOEXEC)
+    except OSError as exc:
+        return f"memfd_create failed: {exc}"
+    try:
+        other = os.open(f"/proc/{os.getpid()}/fd/{fd}", os.O_RDWR)
+        os.close(other)
+    except OSError as exc:
+        return f"/proc/<pid>/fd is not readable: {exc}"
+    finally:
+        os.close(fd)
+    return None
+
+
+def _pin(buf) -> bool:
+    """Page-lock ``buf`` for CUDA (DMA copies); ``False`` where that is not possible."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return False
+        err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel(), 0)
+        return int(err) == 0
+    except Exception:  # noqa: BLE001 - pinning is an optimisation only
+        return False
+
+
+def _unpin(buf) -> None:
+    try:
+        import torch
+
+        torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class _Segment:
+    """One memfd of the worker's pool, mapped and (on CUDA) pinned."""
+
+    def __init__(self, sid: int, size: int) -> None:
+        import torch
+
+        self.sid, self.size = sid, size
+        self.fd = os.memfd_create(f"speculators-compat-{sid}", os.MFD_CLOEXEC)
+        try:
+            os.posix_fallocate(self.fd, 0, size)  # ENOSPC now, never SIGBUS later
+            self.mm = mmap.mmap(self.fd, size)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.buf = torch.frombuffer(self.mm, dtype=torch.uint8)
+        self.pinned = _pin(self.buf)
+        self.used = 0
+        self.leased = False
+
+    def close(self) -> None:
+        if self.pinned:
+            _unpin(self.buf)
+        self.buf = None
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still alive: the mapping goes with it
+            pass
+        os.close(self.fd)
+
+
+def _items(states: Any, contract: str) -> list[tuple[Any, int, Any]]:
+    """(key, layer slot, 2-D tensor) for every tensor of a contract object."""
+    if contract == LIST:
+        return [(None, slot, t) for slot, t in enumerate(states)]
+    return [(rid, slot, t) for rid, layers in states.items() for slot, t in enumerate(layers)]
+
+
+class ShmExporter:
+    """Worker side: copies captured tensors into the pool, answers with descriptors."""
+
+    def __init__(self, pool_bytes: int | None = None, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.pool_bytes = pool_bytes or default_pool_bytes()
+        self.chunk_bytes = min(chunk_bytes, self.pool_bytes)
+        self.segments: dict[int, _Segment] = {}
+        self._next_sid = 0
+        self._closed: list[int] = []  # segments the driver should unmap
+        self._queue: deque = deque()
+        self._contract = BY_REQUEST
+        self._shapes: dict[Any, list] = {}
+        self.disabled_reason: str | None = None
+
+    # -- pool ----------------------------------------------------------------------
+    def release(self, sids) -> None:
+        for sid in sids or ():
+            seg = self.segments.get(sid)
+            if seg is not None:
+                seg.leased = False
+
+    def _alloc(self, nbytes: int) -> tuple[_Segment, int] | None:
+        nbytes = (nbytes + 63) // 64 * 64
+        for seg in self.segments.values():
+            if not seg.leased and seg.size - seg.used >= nbytes:
+                off = seg.used
+                seg.used += nbytes
+                return seg, off
+        total = sum(s.size for s in self.segments.values())
+        size = max(self.chunk_bytes, nbytes)
+        if total + size > self.pool_bytes:
+            # Make room from free segments too small for this tensor.
+            for sid in [s.sid for s in self.segments.values() if not s.leased and not s.used]:
+                if total + size <= self.pool_bytes:
+                    break
+                total -= self.segments[sid].size
+                self.segments.pop(sid).close()
+                self._closed.append(sid)
+            if total + size > self.pool_bytes:
+                return None
+        seg = _Segment(self._next_sid, size)
+        self._next_sid += 1
+        self.segments[seg.sid] = seg
+        seg.used = nbytes
+        return seg, 0
+
+    def reset(self) -> None:
+        """Forget a failed export: nothing is leased, nothing pending."""
+        self._queue.clear()
+        for seg in self.segments.values():
+            seg.leased = False
+            seg.used = 0
+
+    def close(self) -> None:
+        for seg in self.segments.values():
+            seg.close()
+        self.segments.clear()
+        self._queue.clear()
+
+    # -- export --------------------------------------------------------------------
+    @property
+    def pending(self) -> bool:
+        return bool(self._queue)
+
+    def export(self, states: Any, contract: str) -> dict:
+        """Start exporting a contract object; returns the first piece's descriptor."""
+        self._queue.clear()
+        self._contract = contract
+        for key, slot, t in _items(states, contract):
+            self._queue.append((key, slot, t, 0))
+        self._shapes = {}
+        return self.next_piece()
+
+    def next_piece(self) -> dict:
+        for seg in self.segments.values():
+            if not seg.leased:
+                seg.used = 0
+        out, used, cuda = [], set(), False
+        whole = True
+        while self._queue:
+            key, slot, t, start = self._queue[0]
+            rows = t.shape[0] - start
+            row_bytes = t[0].numel() * t.element_size() if t.shape[0] else 0
+            got = self._alloc(rows * row_bytes) if rows else None
+            if got is None and rows:
+                if out:
+                    break
+                # Not even one whole tensor fits in a free pool: write as many rows as fit.
+                free = [s for s in self.segments.values() if not s.leased]
+                best = max(free, key=lambda s: s.size - s.used, default=None)
+                fit = 0 if best is None or not row_bytes else (best.size - best.used) // row_bytes
+                if fit <= 0:
+                    raise MemoryError("speculators-compat transport: every shared-memory "
+                                      "segment is still in use by the driver")
+                rows = min(rows, fit)
+                got = (best, best.used)
+                best.used += (rows * row_bytes + 63) // 64 * 64
+            if rows < t.shape[0] - start:
+                self._queue[0] = (key, slot, t, start + rows)
+                whole = False
+            else:
+                self._queue.popleft()
+                whole = whole and start == 0
+            if not rows:
+                out.append((key, slot, None, 0, tuple(t.shape), str(t.dtype), 0, 0))
+                continue
+            seg, off = got
+            src = t[start:start + rows]
+            dst = seg.buf[off:off + rows * row_bytes].view(t.dtype).view(src.shape)
+            cuda = cuda or src.is_cuda
+            dst.copy_(src, non_blocking=src.is_cuda and seg.pinned)
+            used.add(seg.sid)
+            out.append((key, slot, seg.sid, off, tuple(src.shape), str(t.dtype), start,
+                        t.shape[0]))
+        if cuda:
+            import torch
+
+            torch.cuda.current_stream().synchronize()
+        for sid in used:
+            self.segments[sid].leased = True
+        return {MARKER: 1, "pid": os.getpid(), "contract": self._contract,
+                "segments": {sid: (self.segments[sid].fd, self.segments[sid].size)
+                             for sid in used},
+                "items": out, "more": bool(self._queue), "whole": whole and not self._queue,
+                "closed": self._take_closed()}
+
+    def _take_closed(self) -> list[int]:
+        closed, self._closed = self._closed, []
+        return closed
+
+
+def rpc_reply(states: Any, reason: str) -> dict:
+    """A transport reply that carries the states the old way (pickled by vLLM)."""
+    return {MARKER: 1, "fallback": reason, "states": states}
+
+
+def is_reply(obj: Any) -> bool:
+    return isinstance(obj, dict) and obj.get(MARKER) == 1
+
+
+class ShmImporter:
+    """Driver side: maps the worker's segments and rebuilds the contract object."""
+
+    def __init__(self) -> None:
+        self._maps: dict[tuple[int, int], tuple[mmap.mmap, int]] = {}
+        self._released: set[int] = set()
+        self._lock = threading.Lock()
+        self.fallback_reason: str | None = None
+
+    def take_released(self) -> list[int]:
+        with self._lock:
+            out = sorted(self._released)
+            self._released.clear()
+        return out
+
+    def _release(self, sid: int) -> None:
+        with self._lock:
+            self._released.add(sid)
+
+    def _map(self, pid: int, sid: int, fd: int, size: int) -> mmap.mmap:
+        key = (pid, sid)
+        cached = self._maps.get(key)
+        if cached is not None and cached[1] == size:
+            return cached[0]
+        local = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+        try:
+            mm = mmap.mmap(local, size)
+        finally:
+            os.close(local)
+        self._maps[key] = (mm, size)
+        return mm
+
+    def fetch(self, call) -> Any:
+        """``call(released_sids, more)`` performs the worker RPC; returns the contract
+        object (CPU tensors), or ``None`` if the worker captured nothing."""
+        reply = call(self.take_released(), False)
+        if reply is None:
+            return None
+        if "fallback" in reply:
+            if reply["fallback"] and self.fallback_reason is None:
+                self.fallback_reason = reply["fallback"]
+                logger.warning("speculators-compat: hidden states travel pickled through "
+                               "collective_rpc (slower): %s", reply["fallback"])
+            return reply["states"]
+        if reply["whole"]:
+            return self._views(reply)
+        owned: dict = {}
+        while True:
+            self._copy_into(reply, owned)
+            if not reply["more"]:
+                break
+            reply = call(self.take_released(), True)
+        return self._assemble(reply["contract"], owned)
+
+    def _arrays(self, reply: dict):
+        import numpy as np
+
+        for sid in reply.get("closed", ()):
+            self._maps.pop((reply["pid"], int(sid)), None)  # unmapped when unreferenced
+        arrays = {}
+        for sid, (fd, size) in reply["segments"].items():
+            mm = self._map(reply["pid"], int(sid), fd, size)
+            arr = np.frombuffer(mm, dtype=np.uint8)
+            arrays[int(sid)] = arr
+        return arrays
+
+    @staticmethod
+    def _tensor(arrays, sid, off, shape, dtype_name):
+        import torch
+
+        dtype = getattr(torch, dtype_name.removeprefix("torch."))
+        if sid is None:
+            return torch.empty(shape, dtype=dtype)
+        n = 1
+        for d in shape:
+            n *= d
+        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        return torch.from_numpy(arrays[sid][off:off + nbytes]).view(dtype).view(shape)
+
+    def _views(self, reply: dict) -> Any:
+        arrays = self._arrays(reply)
+        for sid, arr in arrays.items():
+            weakref.finalize(arr, self._release, sid)
+        result: dict = {}
+        for key, slot, sid, off, shape, dtype, _start, _total in reply["items"]:
+            result.setdefault(key, {})[slot] = self._tensor(arrays, sid, off, shape, dtype)
+        del arrays
+        return self._assemble(reply["contract"], result)
+
+    def _copy_into(self, reply: dict, owned: dict) -> None:
+        import torch
+
+        arrays = self._arrays(reply)
+        for key, slot, sid, off, shape, dtype, start, total in reply["items"]:
+            part = self._tensor(arrays, sid, off, shape, dtype)
+            slots = owned.setdefault(key, {})
+            if slot not in slots:
+                slots[slot] = torch.empty((total, *shape[1:]), dtype=part.dtype)
+            slots[slot][start:start + shape[0]].copy_(part)
+        for sid in arrays:
+            self._release(sid)
+
+    @staticmethod
+    def _assemble(contract: str, by_key: dict) -> Any:
+        def layers(slots: dict) -> list:
+            if sorted(slots) != list(range(len(slots))):
+                raise RuntimeError(f"speculators-compat transport: layer slots {sorted(slots)}")
+            return [slots[i] for i in range(len(slots))]
+
+        if contract == LIST:
+            return layers(by_key.get(None, {}))
+        return {rid: layers(slots) for rid, slots in by_key.items()}
+
+    def close(self) -> None:
+        for mm, _ in self._maps.values():
+            try:
+                mm.close()
+            except BufferError:
+                pass
+        self._maps.clear()

@@ -1,0 +1,97 @@
+"""Captured hidden states reach the driver through shared memory instead of pickles.
+
+Why: speculators' generator reads the captured states with
+``collective_rpc("_get_captured_states", unique_reply_rank=0)``. vLLM pickles that reply:
+CUDA tensors go through ``torch.save`` (a blocking device-to-host copy), the executor's
+response queue and ``torch.load`` back onto the driver's GPU before speculators' own
+``.cpu()``. Measured on an H200 with an 8B-shaped model, moving the states cost about
+three quarters of the wall time (0.23x of vLLM's own prefill with four layers).
+How: the ``MultiprocExecutor`` seen by speculators' module answers that one call by
+asking the shim's worker extension for ``_compat_export_states`` instead: the capturing
+worker copies the states into anonymous shared memory (memfd, pinned for DMA when CUDA
+is up) and replies with a descriptor; the driver maps it and returns CPU tensors in the
+installed speculators' own contract (same dtype, shapes, lists and order), views that
+stay valid as long as they are referenced (see ``speculators_compat._transport``).
+Where shared memory cannot be used, the reply carries the states pickled, as before,
+and the driver logs why. vLLM's own callers of ``collective_rpc`` see no change.
+Applies when: the shim's worker extension captures (``hook_capture`` applies) and the
+machine has ``memfd_create`` with a readable ``/proc/<pid>/fd``.
+Remove when: speculators < 0.5 support is dropped.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+from .. import _transport
+from .._core import Context, Kind, Patcher, Verdict
+from . import _targets
+from ._base import GeneratorAdapter
+from .hook_capture import HookCapture
+
+#: The speculators RPC whose reply is carried through shared memory.
+CAPTURED_STATES_RPC = "_get_captured_states"
+
+
+class ShmTransport(GeneratorAdapter):
+    name = "shm_transport"
+    kind = Kind.PERFORMANCE
+    summary = "captured hidden states reach the driver through shared memory, not pickles"
+    upstream = ("vLLM's collective_rpc pickles replies (CUDA tensors via torch.save, loaded "
+                "back onto the driver's GPU); speculators 0.3/0.4 fetch every captured row "
+                "that way")
+    vllm_range = None
+    remove_when = "speculators < 0.5 support is dropped"
+
+    def check(self, ctx: Context, gen: ModuleType) -> Verdict:
+        if not HookCapture().check(ctx, gen).apply:
+            return Verdict.not_needed("speculators' own worker extension captures; its "
+                                      "replies keep vLLM's collective_rpc path")
+        if "unique_reply_rank" not in (_targets.parameters(gen.MultiprocExecutor.collective_rpc)
+                                       or {}):
+            return Verdict.mismatch("MultiprocExecutor.collective_rpc has no unique_reply_rank")
+        reason = _transport.unavailable_reason()
+        if reason is not None:
+            return Verdict.not_needed(f"hidden states travel pickled through collective_rpc: "
+                                      f"{reason}")
+        return Verdict.needed(f"hidden states travel through shared memory (memfd, pool up to "
+                              f"{_transport.default_pool_bytes() >> 20} MiB, "
+                              f"{_transport.POOL_BYTES_ENV}); not through pickled "
+                              "collective_rpc replies")
+
+    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
+        base = gen.MultiprocExecutor
+
+        @functools.wraps(base.collective_rpc)  # later probes read its signature and docstring
+        def collective_rpc(self, method, *args, **kwargs):
+            if (method != CAPTURED_STATES_RPC or args or kwargs.get("args")
+                    or kwargs.get("kwargs") or kwargs.get("non_block")
+                    or kwargs.get("unique_reply_rank") is None):
+                return base.collective_rpc(self, method, *args, **kwargs)
+            importer = self.__dict__.get("_compat_importer")
+            if importer is None:
+                importer = self.__dict__["_compat_importer"] = _transport.ShmImporter()
+            listed = []
+
+            def call(released, more):
+                reply = base.collective_rpc(self, _transport.EXPORT_RPC,
+                                            **{**kwargs, "args": (released, more)})
+                if isinstance(reply, list):  # vLLM <= 0.11.0: a one-item list
+                    listed.append(True)
+                    reply = next((r for r in reply if r is not None), None)
+                return reply
+
+            states = importer.fetch(call)
+            return [states] if listed else states
+
+        def shutdown(self, *args, **kwargs):
+            importer = self.__dict__.pop("_compat_importer", None)
+            try:
+                return base.shutdown(self, *args, **kwargs)
+            finally:
+                if importer is not None:
+                    importer.close()
+
+        patcher.setattr(gen, "MultiprocExecutor", _targets.subclass(
+            base, self.name, {"collective_rpc": collective_rpc, "shutdown": shutdown}))
