@@ -44,7 +44,7 @@ CPU_WHEELS = "/opt/wheels"  # where this machine kind keeps torch 2.13.0+cpu
 SPECULATORS = ("0.3.0", "0.4.0.1")
 #: Installed only to test that the shim refuses it clearly (no in-process generator).
 UNSUPPORTED_SPECULATORS = ("0.5.0",)
-SPECULATORS_RUNTIME = ("loguru", "pydantic-settings", "typer-slim")
+SPECULATORS_RUNTIME = ("loguru", "pydantic-settings", "typer-slim", "datasets>=4.0.0,<=4.6.0")
 EXCLUDES = ("torchvision", "torchaudio", "torchcodec")
 
 

@@ -9,7 +9,8 @@ Usage::
 Importing this package is cheap (no vLLM, torch or transformers import) and changes
 nothing; :func:`activate` probes the installed vLLM and speculators, applies the
 adapters they need in this process, and makes vLLM's spawned worker processes do
-the same (through the ``vllm.general_plugins`` entry point).
+the same (an interpreter-start hook on ``PYTHONPATH``, and the ``vllm.general_plugins``
+entry point).
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ def _registry():
     return ADAPTERS
 
 
-_ACTIVATION = Activation(_registry)
+def _bootstrap_hook(patcher, process: str) -> None:
+    from ._bootstrap import install
+
+    install(patcher, process)
+
+
+_ACTIVATION = Activation(_registry, on_activate=_bootstrap_hook)
 
 
 def activate(*, only: Iterable[str] | None = None, strict: bool | None = None) -> Report:
@@ -43,9 +50,23 @@ def activate(*, only: Iterable[str] | None = None, strict: bool | None = None) -
     ``disabled``). ``strict=True`` (or ``SPECULATORS_COMPAT_STRICT=1``) raises
     :class:`CompatError` and patches nothing if an adapter finds an API it does not
     know (``mismatch``) or fails. ``SPECULATORS_COMPAT_DISABLE=a,b`` disables
-    adapters by name.
+    adapters by name. Raises :class:`CompatError` (and patches nothing) when a
+    speculators import that an import-time adapter had to precede already happened
+    in this process (``_order``). Every Python process started from here on
+    activates at interpreter start (``_bootstrap``).
     """
-    return _ACTIVATION.activate(only=only, strict=strict, process="driver")
+    from ._order import check_import_order, imported_before
+
+    already = _ACTIVATION.active
+    before = imported_before()
+    report = _ACTIVATION.activate(only=only, strict=strict, process="driver")
+    if not already:
+        try:
+            check_import_order(report, before)
+        except CompatError:
+            _ACTIVATION.deactivate()
+            raise
+    return report
 
 
 def deactivate() -> None:

@@ -5,7 +5,8 @@
   exits: nothing in any other process changes.
 * ``run SCRIPT [ARGS...]`` / ``run -m MODULE [ARGS...]``: activate, then run the user's
   script unchanged as ``__main__`` with its own argv (like ``ddtrace-run``), so an
-  existing data-generation command works by prefixing it.
+  existing data-generation command works by prefixing it. Every Python process it
+  starts (vLLM's workers included) activates at interpreter start (``_bootstrap``).
 * ``demo``: build a tiny checkpoint, run speculators' own generator through the shim on
   the installed vLLM, compare every layer with transformers, print the report,
   PASS/FAIL and tokens/s.
@@ -94,17 +95,29 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """Activate, then run the target as ``__main__`` the way ``python`` would.
+
+    ``activate()`` also puts the interpreter-start hook (``_bootstrap``) on
+    ``PYTHONPATH``: vLLM's spawned workers, which re-run this script before any vLLM
+    code, activate before the script's module-level imports run there. runpy makes the
+    target ``sys.modules["__main__"]`` while it runs, so ``multiprocessing`` re-runs the
+    target (not this CLI) in spawned children.
+    """
     import speculators_compat
 
+    if not args.module and not os.path.isfile(args.target):
+        print(f"speculators-compat run: {args.target}: no such file (use -m for a module)",
+              file=sys.stderr)
+        return 2
     report = speculators_compat.activate()
     print(report.summary_line(), file=sys.stderr)
     for r in report.problems:
         print(f"speculators-compat: {r.name} {r.status.value}: {r.reason}", file=sys.stderr)
+    sys.argv = [args.target, *args.args]
     if args.module:
-        sys.argv = [args.target, *args.args]
+        sys.path.insert(0, os.getcwd())  # as `python -m` does
         runpy.run_module(args.target, run_name="__main__", alter_sys=True)
     else:
-        sys.argv = [args.target, *args.args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(args.target)))
         runpy.run_path(args.target, run_name="__main__")
     return 0

@@ -328,8 +328,12 @@ class Report:
 class Activation:
     """Process-wide activation state (one per process), guarded by a lock."""
 
-    def __init__(self, adapters: Callable[[], Sequence[Adapter]]) -> None:
+    def __init__(self, adapters: Callable[[], Sequence[Adapter]],
+                 on_activate: Callable[[Patcher, str], None] | None = None) -> None:
         self._adapters = adapters
+        #: Called with (patcher, process) after the adapters; changes go through the patcher
+        #: (the package uses it to put its interpreter-start hook on PYTHONPATH).
+        self._on_activate = on_activate
         self._lock = threading.RLock()
         self._patcher = Patcher()
         self.report: Report | None = None
@@ -340,7 +344,9 @@ class Activation:
         return self.report is not None and self.report.active
 
     def activate(self, *, only: Iterable[str] | None = None, strict: bool | None = None,
-                 process: str = "driver") -> Report:
+                 process: str = "driver", write_report: bool | None = None) -> Report:
+        """``write_report``: write ``SPECULATORS_COMPAT_REPORT_FILE`` (default: in the
+        driver); a child started by an activated process passes ``False``."""
         with self._lock:
             if self.active:
                 assert self.report is not None
@@ -369,6 +375,12 @@ class Activation:
                     self._patcher.revert(0)
                     raise
             self._patcher.setenv(_env.ACTIVE, "1")
+            if self._on_activate is not None:
+                try:
+                    self._on_activate(self._patcher, process)
+                except BaseException:
+                    self._patcher.revert(0)
+                    raise
             report = Report(results, ctx.versions, os.getpid(), process, strict, True)
             self.report = report
             if strict and report.problems:
@@ -381,7 +393,9 @@ class Activation:
                     f"Unset {_env.STRICT} to run with the remaining adapters, or disable "
                     f"these with {_env.DISABLE}=<name,...> if you know they do not matter.")
             self._log(report)
-            path = os.environ.get(_env.REPORT_FILE) if process == "driver" else None
+            if write_report is None:
+                write_report = process == "driver"
+            path = os.environ.get(_env.REPORT_FILE) if write_report else None
             if path:
                 try:
                     report.to_json(path)

@@ -7,7 +7,8 @@ Why: speculators 0.3/0.4 import ``_get_kv_cache_groups_uniform_spec``,
 ``ImportError: cannot import name '_get_kv_cache_groups_uniform_spec'``.
 How: before speculators' generator module is imported, bind the missing names in
 ``kv_cache_utils`` to the objects in their new home (adds names only; vLLM never
-looks them up there any more). Revert deletes them.
+looks them up there any more). Revert deletes them. Phase ``both``: a vLLM worker
+that re-runs a main script importing speculators at module level needs them as well.
 Applies when: a name speculators imports is missing from ``kv_cache_utils`` and present
 in ``kv_cache_planning``. Mismatch when it is in neither.
 Remove when: speculators < 0.5 support is dropped.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-from .._core import Adapter, Context, Patcher, Verdict
+from .._core import Adapter, Context, Patcher, Phase, Verdict
 
 OLD = "vllm.v1.core.kv_cache_utils"
 NEW = "vllm.v1.core.kv_cache_planning"
@@ -30,6 +31,7 @@ class KVCacheHelpersRelocated(Adapter):
     summary = "re-export KV-cache planning helpers where speculators imports them"
     upstream = "vLLM 0.33.0: helpers moved to vllm/v1/core/kv_cache_planning.py, no re-export"
     vllm_range = ">=0.33.0.dev0"
+    phase = Phase.BOTH
     remove_when = "speculators < 0.5 support is dropped"
 
     def _missing(self) -> tuple[object, list[str]]:

@@ -1,22 +1,30 @@
-"""KV-cache sizing without a GPU (vLLM's CPU builds; laptops; this project's CI).
+"""KV-cache sizing and device queries without a GPU (vLLM's CPU builds; laptops; CI).
 
 Why: speculators sizes the KV cache in the driver from free accelerator memory:
 0.3.0 calls ``torch.cuda.mem_get_info()`` (``RuntimeError: Found no NVIDIA driver``),
 0.4 calls its own ``mem_get_info()``, which yields ``(0, 0)`` and then zero blocks
 (``assert num_gpu_blocks > 0``) — or raises the same "no NVIDIA driver" error where the
 installed torch is a CUDA build. vLLM's CPU platform budgets the KV cache itself
-(``VLLM_CPU_KVCACHE_SPACE`` / ``kv_cache_memory_bytes``).
+(``VLLM_CPU_KVCACHE_SPACE`` / ``kv_cache_memory_bytes``). speculators 0.4's offline
+script also records the device: ``config_generator`` calls ``get_device_name(0)``, which
+on a CUDA build of torch without a GPU (PyPI's torch, vLLM <= 0.19 CPU envs) asks
+``torch.cuda.get_device_name`` and raises the same "no NVIDIA driver" error after every
+sample was generated (0.3.0 checks ``torch.cuda.is_available()`` first).
 How: in speculators' module only, ``torch`` (0.3.0) becomes a proxy whose
 ``cuda.mem_get_info`` answers ``(0, 0)`` when CUDA is unavailable, ``mem_get_info`` (0.4)
 likewise; and ``get_kv_cache_config_from_groups`` gets the CPU platform's KV budget as
 ``available_memory`` instead of speculators' GPU-derived number: ``VLLM_CPU_KVCACHE_SPACE``
 (GiB) or the config's KV bytes when set, else 4 GiB capped at a quarter of free memory.
+In ``speculators.data_generation.config_generator`` only (0.4), ``get_device_name``
+answers ``"NO ACCELERATOR"`` (speculators' own answer when torch has no accelerator,
+recorded as ``"CPU ONLY"``) while CUDA is unavailable. torch itself is not touched.
 Applies when: CUDA is not available in the driver.
 Remove when: speculators < 0.5 support is dropped.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -52,6 +60,26 @@ def cpu_kv_budget(vllm_config) -> int:
 
 def _no_gpu_mem_get_info(*args, **kwargs):
     return (0, 0)
+
+
+#: What speculators' ``get_device_name`` returns when torch has no accelerator.
+NO_ACCELERATOR = "NO ACCELERATOR"
+CONFIG_MODULE = "speculators.data_generation.config_generator"
+
+
+def _device_name_without_device(wrapped, instance, args, kwargs):
+    import torch
+
+    if torch.cuda.is_available():
+        return wrapped(*args, **kwargs)
+    return NO_ACCELERATOR
+
+
+def _config_module() -> ModuleType | None:
+    try:
+        return importlib.import_module(CONFIG_MODULE)
+    except ModuleNotFoundError:
+        return None
 
 
 class _CudaWithoutDevice(wrapt.ObjectProxy):
@@ -98,3 +126,6 @@ class NoGpuKVSizing(GeneratorAdapter):
             return wrapped(*args, **kwargs)
 
         patcher.wrap(gen, "get_kv_cache_config_from_groups", wrapper)
+        config = _config_module()
+        if config is not None and callable(getattr(config, "get_device_name", None)):
+            patcher.wrap(config, "get_device_name", _device_name_without_device)

@@ -1,0 +1,79 @@
+"""speculators-compat's interpreter-start hook (the technique ``ddtrace-run`` uses).
+
+Why: vLLM's worker processes are spawned. Python then re-runs the parent's main script
+(as ``__mp_main__``) in each worker before any vLLM code runs there, so a script that
+imports speculators at module level needs the import-time adapters (transformers 5's
+``torch`` annotation, vLLM 0.33's relocated KV helpers) BEFORE that re-run. The
+``vllm.general_plugins`` entry point runs too late for that.
+
+How: ``activate()`` prepends this folder to ``PYTHONPATH`` (through its Patcher, so
+``deactivate()`` restores it) and sets ``SPECULATORS_COMPAT_ACTIVE``; every child
+Python inherits both. Python imports ``sitecustomize`` after site processing (full
+``sys.path``, ``.pth`` files done, ``sys.argv`` set) and before the main script or
+``multiprocessing``'s spawn entry runs. This module
+
+1. runs the ``sitecustomize`` it shadows, if any (the next one on ``sys.path``), so
+   the environment behaves as without us;
+2. activates speculators-compat only if the flag is set (otherwise it costs one
+   ``os.environ`` look-up), choosing the process kind in
+   :func:`speculators_compat._bootstrap.start`.
+
+It never stops the interpreter: any failure is printed as one warning line. Standard
+library only up to the flag check, so it also works in an interpreter where the
+package is not installed (it then only chains and warns).
+"""
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _same_dir(entry):
+    try:
+        return os.path.samefile(entry or os.curdir, _HERE)
+    except OSError:
+        return False
+
+
+def _chain():
+    """Execute the ``sitecustomize`` this one shadows (the next on sys.path), if any."""
+    import importlib.machinery
+    import importlib.util
+
+    rest = [p for p in sys.path if not _same_dir(p)]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    ours = sys.modules.get("sitecustomize")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # what site.py does for a failing sitecustomize
+        sys.modules["sitecustomize"] = ours
+        sys.stderr.write(f"Error in sitecustomize ({spec.origin}, run by speculators-compat's "
+                         f"bootstrap): {type(exc).__name__}: {exc}\n")
+
+
+def _activate():
+    if (os.environ.get("SPECULATORS_COMPAT_ACTIVE") or "").strip().lower() not in (
+            "1", "true", "yes", "on"):
+        return
+    try:
+        from speculators_compat._bootstrap import start
+    except Exception as exc:
+        sys.stderr.write(
+            f"speculators-compat: WARNING: SPECULATORS_COMPAT_ACTIVE is set but the package "
+            f"cannot be imported by {sys.executable} (pid {os.getpid()}): "
+            f"{type(exc).__name__}: {exc}; this process runs without the shim\n")
+        return
+    start()
+
+
+try:
+    _chain()
+except Exception as _exc:
+    sys.stderr.write(f"speculators-compat: WARNING: could not run the shadowed sitecustomize: "
+                     f"{type(_exc).__name__}: {_exc}\n")
+_activate()

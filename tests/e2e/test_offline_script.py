@@ -1,0 +1,142 @@
+"""``speculators-compat run`` on an offline data-generation script shaped like upstream's.
+
+The script (scripts/offline_generate.py) imports speculators at module level, so vLLM's
+spawned workers, which re-run it before any vLLM code, need the shim active at
+interpreter start (the ``_bootstrap`` hook on ``PYTHONPATH``). It preprocesses a local
+ShareGPT-style ``.jsonl`` with speculators' own preprocessing and the checkpoint's chat
+template, and saves one file per conversation. Here: every saved sample's hidden states
+equal a transformers forward, its loss mask is there and marks some (not all) tokens, its
+tokens are the chat-template encoding of exactly one conversation, and the workers
+report an activation of kind ``worker`` that the driver's report file did not overwrite.
+One generator start per env x speculators combination.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from helpers import SCRIPTS, checkpoint, installed, require_speculators, run_in_own_session
+
+pytestmark = pytest.mark.e2e
+
+LAYERS = [0, 2, 5]
+TOPICS = ["the quick brown fox", "speculative decoding", "hidden states of the verifier",
+          "hello world", "a small draft model", "tokens and layers"]
+
+
+def conversations() -> list[list[dict]]:
+    """Six ShareGPT-style conversations (1-3 turns each, distinct texts)."""
+    convs = []
+    for i, topic in enumerate(TOPICS):
+        turns = []
+        for t in range(1 + i % 3):
+            turns.append({"from": "human", "value": f"Tell me about {topic}, part {t}."})
+            turns.append({"from": "gpt", "value": f"Here is {topic} " * (2 + (i + t) % 4)})
+        convs.append(turns)
+    return convs
+
+
+def chat_ids(tokenizer, conv: list[dict]) -> tuple[int, ...]:
+    """The conversation through the chat template, tokenised (what preprocessing yields)."""
+    roles = {"human": "user", "gpt": "assistant"}
+    messages = [{"role": roles[t["from"]], "content": t["value"]} for t in conv]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@pytest.fixture(scope="module")
+def offline_run():
+    require_speculators()
+    model = checkpoint("llama")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        data = tmp / "conversations.jsonl"
+        data.write_text("".join(json.dumps({"id": f"c{i}", "conversations": c}) + "\n"
+                                for i, c in enumerate(conversations())))
+        out = tmp / "out"
+        env = dict(os.environ)
+        env.pop("SPECULATORS_COMPAT_ACTIVE", None)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                   SPECULATORS_COMPAT_REPORT_FILE=str(tmp / "compat-report.json"))
+        if env.get("PYTHONPATH"):  # runs in a temp cwd: make entries absolute
+            env["PYTHONPATH"] = os.pathsep.join(
+                os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep) if p)
+        cmd = [sys.executable, "-m", "speculators_compat", "run",
+               str(SCRIPTS / "offline_generate.py"), "--target-model-path", model,
+               "--train-data-path", str(data), "--output-dir", str(out),
+               "--layer-ids", *map(str, LAYERS), "--batch-size", "4",
+               "--hf-cache-dir", str(tmp / "hf"), "--token-freq-path", str(tmp / "freq.pt")]
+        rc, output = run_in_own_session(cmd, env, tmp / "output.log", 900, tmp)
+        import torch
+
+        files = sorted(out.glob("data_*.pt"), key=lambda p: int(p.stem[5:])) if out.exists() \
+            else []
+        samples = [torch.load(f, weights_only=False) for f in files]
+        info = json.loads((out / "run_info.json").read_text()) \
+            if (out / "run_info.json").exists() else None
+        report_path = tmp / "compat-report.json"
+        report = json.loads(report_path.read_text()) if report_path.exists() else None
+        yield {"rc": rc, "output": output[-8000:], "samples": samples, "info": info,
+               "report": report, "model": model}
+
+
+def test_run_saves_one_file_per_conversation(offline_run):
+    assert offline_run["rc"] == 0, offline_run["output"]
+    n = len(conversations())
+    assert len(offline_run["samples"]) == n, offline_run["output"]
+    assert offline_run["info"]["samples"] == n
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(offline_run["model"])
+    expected = Counter(chat_ids(tok, c) for c in conversations())
+    assert len(expected) == n  # distinct conversations
+    saved = Counter(tuple(int(t) for t in s["input_ids"]) for s in offline_run["samples"])
+    assert saved == expected
+
+
+def test_saved_hidden_states_match_transformers(offline_run):
+    from speculators_compat.demo.reference import compare, reference_hidden_states
+
+    samples = offline_run["samples"]
+    assert samples, offline_run["output"]
+    assert offline_run["info"]["layer_ids"] == LAYERS
+    seqs = [[int(t) for t in s["input_ids"]] for s in samples]
+    actual = [s["hidden_states"] for s in samples]
+    assert all(len(h) == len(LAYERS) for h in actual)
+    ref = reference_hidden_states(offline_run["model"], seqs, LAYERS)
+    assert len(ref) == len(actual) == len(seqs)
+    result = compare(actual, ref)
+    assert result["ok"], result["reasons"][:5]
+
+
+def test_loss_masks_present_and_non_trivial(offline_run):
+    samples = offline_run["samples"]
+    assert samples, offline_run["output"]
+    for s in samples:
+        mask = [int(m) for m in s["loss_mask"]]
+        assert len(mask) == len(s["input_ids"])
+        assert set(mask) <= {0, 1}
+        assert 0 < sum(mask) < len(mask), mask
+
+
+def test_workers_activated_at_start_and_report_file_is_the_drivers(offline_run):
+    info, report = offline_run["info"], offline_run["report"]
+    assert info is not None, offline_run["output"]
+    workers = info["worker_reports"]
+    assert workers and all(w is not None for w in workers), workers
+    for w in workers:
+        assert w["process"] == "worker" and w["active"]
+        assert w["pid"] != info["driver_pid"]
+        statuses = {a["name"]: a["status"] for a in w["adapters"]}
+        if installed("transformers").startswith("5"):
+            assert statuses["transformers5_config_torch"] == "applied", statuses
+    # Written by the explicit activate() of `run` only, not by a child's activation.
+    assert report is not None and report["process"] == "driver"
+    assert report["pid"] == info["driver_pid"]

@@ -1,0 +1,204 @@
+"""The interpreter-start hook (``_bootstrap``): PYTHONPATH through the patcher, process
+kinds, chaining to a shadowed sitecustomize, never crashing, and the import-order check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+import speculators_compat
+from speculators_compat import _bootstrap, _env, _order
+from speculators_compat._core import Activation, CompatError, Patcher, Phase, Status
+
+DIR = _bootstrap.DIRECTORY
+
+
+def test_bootstrap_folder_ships_sitecustomize():
+    assert os.path.isfile(os.path.join(DIR, "sitecustomize.py"))
+    assert os.path.isfile(os.path.join(DIR, "__init__.py"))  # a package: in the wheel
+
+
+@pytest.mark.parametrize("before", [None, "", "/a", f"/a{os.pathsep}/b"])
+def test_install_prepends_and_revert_restores(monkeypatch, before):
+    if before is None:
+        monkeypatch.delenv("PYTHONPATH", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONPATH", before)
+    p = Patcher()
+    _bootstrap.install(p, "driver")
+    entries = os.environ["PYTHONPATH"].split(os.pathsep)
+    assert entries[0] == DIR
+    assert [e for e in entries[1:] if e] == [e for e in (before or "").split(os.pathsep) if e]
+    _bootstrap.install(p, "driver")  # already there: no second entry, no second change
+    assert os.environ["PYTHONPATH"].split(os.pathsep).count(DIR) == 1
+    assert len(p) == 1
+    p.revert()
+    assert os.environ.get("PYTHONPATH") == before
+
+
+def test_install_is_a_no_op_where_inherited(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", f"/x{os.pathsep}{DIR}")
+    p = Patcher()
+    _bootstrap.install(p, "worker")
+    assert len(p) == 0 and os.environ["PYTHONPATH"] == f"/x{os.pathsep}{DIR}"
+
+
+def test_package_activation_sets_pythonpath_and_deactivate_restores(toy, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/keep")
+    act = Activation(lambda: [toy("a")], on_activate=speculators_compat._bootstrap_hook)
+    act.activate()
+    assert os.environ["PYTHONPATH"] == f"{DIR}{os.pathsep}/keep"
+    assert os.environ[_env.ACTIVE] == "1"
+    act.deactivate()
+    assert os.environ["PYTHONPATH"] == "/keep" and _env.ACTIVE not in os.environ
+
+
+def test_write_report_false_writes_no_report_file(toy, monkeypatch, tmp_path):
+    path = tmp_path / "r.json"
+    monkeypatch.setenv(_env.REPORT_FILE, str(path))
+    act = Activation(lambda: [toy("a")])
+    act.activate(write_report=False)
+    assert not path.exists()
+    act.deactivate()
+    act.activate()
+    assert json.loads(path.read_text())["process"] == "driver"
+    act.deactivate()
+
+
+@pytest.mark.parametrize("argv, orig, kind", [
+    (["-c", "--multiprocessing-fork"], ["py", "-c", "from multiprocessing.spawn import "
+                                        "spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
+                                        "--multiprocessing-fork"], "worker"),
+    (["-c"], ["py", "-c", "from multiprocessing.resource_tracker import main;main(5)"], None),
+    (["script.py", "--x"], ["py", "script.py", "--x"], "driver"),
+    (["-c"], ["py", "-c", "print(1)"], "driver"),
+    (["-m"], ["py", "-m", "pip", "list"], "driver"),
+])
+def test_process_kind(argv, orig, kind):
+    assert _bootstrap.process_kind(argv, orig) == kind
+
+
+# -- in fresh interpreters: what sitecustomize does at interpreter start ---------------------
+
+def _all_adapters_disabled() -> str:
+    from speculators_compat.adapters import ADAPTERS
+
+    return ",".join(a.name for a in ADAPTERS)
+
+
+def _python(code: str, *args: str, flag: bool, pythonpath: list[str], extra_env=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
+    env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    env[_env.DISABLE] = _all_adapters_disabled()  # keep it cheap: no vLLM import
+    if flag:
+        env[_env.ACTIVE] = "1"
+    env.update(extra_env or {})
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+REPORT = ("import sys, speculators_compat as s; r = s.report(); "
+          "print('KIND', r and r.process)")
+
+
+def test_without_flag_nothing_is_imported():
+    proc = _python("import sys; print('LOADED', 'speculators_compat' in sys.modules)",
+                   flag=False, pythonpath=[DIR])
+    assert proc.returncode == 0, proc.stderr
+    assert "LOADED False" in proc.stdout
+
+
+@pytest.mark.parametrize("args, kind", [((), "driver"), (("--multiprocessing-fork",), "worker")])
+def test_with_flag_activates_at_start(args, kind, tmp_path):
+    report_file = tmp_path / "r.json"
+    proc = _python(REPORT, *args, flag=True, pythonpath=[DIR],
+                   extra_env={_env.REPORT_FILE: str(report_file)})
+    assert proc.returncode == 0, proc.stderr
+    assert f"KIND {kind}" in proc.stdout, (proc.stdout, proc.stderr)
+    assert not report_file.exists()  # only an explicit activate() writes it
+
+
+def test_chains_to_the_sitecustomize_it_shadows(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITECUSTOMIZE'] = '1'\n")
+    code = ("import os, sys; print('OTHER', os.environ.get('OTHER_SITECUSTOMIZE'), "
+            "sys.modules['sitecustomize'].__file__)")
+    for flag in (False, True):
+        proc = _python(code, flag=flag, pythonpath=[DIR, str(other)])
+        assert proc.returncode == 0, proc.stderr
+        assert f"OTHER 1 {other / 'sitecustomize.py'}" in proc.stdout, proc.stdout
+
+
+def test_a_failing_shadowed_sitecustomize_does_not_stop_activation(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("raise RuntimeError('boom')\n")
+    proc = _python(REPORT, flag=True, pythonpath=[DIR, str(other)])
+    assert proc.returncode == 0, proc.stderr
+    assert "KIND driver" in proc.stdout
+    assert "boom" in proc.stderr
+
+
+def test_unimportable_package_warns_and_the_interpreter_starts(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "speculators_compat").mkdir(parents=True)
+    (fake / "speculators_compat" / "__init__.py").write_text("raise ImportError('broken')\n")
+    proc = _python("print('STARTED')", flag=True, pythonpath=[DIR, str(fake)])
+    assert proc.returncode == 0, proc.stderr
+    assert "STARTED" in proc.stdout
+    assert "speculators-compat: WARNING" in proc.stderr and "broken" in proc.stderr
+
+
+# -- activate() after the speculators import it had to precede ------------------------------
+
+@pytest.fixture
+def tf5_toy(toy):
+    return toy("transformers5_config_torch", phase=Phase.BOTH)
+
+
+def test_late_activation_after_a_failed_speculators_import_is_refused(toy_global, toy, tf5_toy,
+                                                                       monkeypatch):
+    act = toy_global(tf5_toy, toy("other"))
+    # What a failed `import speculators` on transformers 5 leaves behind.
+    monkeypatch.setitem(sys.modules, "speculators.config", types.ModuleType("speculators.config"))
+    with pytest.raises(CompatError, match="activate\\(\\) was called after speculators") as e:
+        speculators_compat.activate()
+    assert "speculators-compat run" in str(e.value)
+    assert act.report is None and _env.ACTIVE not in os.environ  # nothing left patched
+
+
+def test_activation_before_any_speculators_import_is_fine(toy_global, tf5_toy, monkeypatch):
+    for m in [m for m in sys.modules if m == "speculators" or m.startswith("speculators.")]:
+        monkeypatch.delitem(sys.modules, m)
+    toy_global(tf5_toy)
+    assert speculators_compat.activate().applied == ["transformers5_config_torch"]
+
+
+def test_earlier_import_is_fine_when_no_import_time_adapter_applied(toy_global, toy,
+                                                                    monkeypatch):
+    from speculators_compat._core import Verdict
+
+    toy_global(toy("transformers5_config_torch", verdict=Verdict.not_needed("tf 4")))
+    monkeypatch.setitem(sys.modules, "speculators", types.ModuleType("speculators"))
+    assert speculators_compat.activate().active
+
+
+def test_order_check_names_only_the_modules_an_adapter_precedes():
+    assert _order.IMPORT_TIME["kv_cache_helpers_relocated"] == ("speculators.data_generation",)
+    before = frozenset({"speculators.utils"})
+    act = Activation(lambda: [])
+    rep = act.activate()
+    from speculators_compat._core import AdapterResult
+
+    rep.results.append(AdapterResult("kv_cache_helpers_relocated", Status.APPLIED, "", "", "",
+                                     "both", None))
+    _order.check_import_order(rep, before)  # speculators.utils is not what it precedes
+    with pytest.raises(CompatError):
+        _order.check_import_order(rep, before | {"speculators.data_generation.custom_worker"})
+    act.deactivate()
