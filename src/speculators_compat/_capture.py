@@ -75,7 +75,9 @@ def fp16_unscale_factor(layer: Any) -> float:
     DeepSeek-V2/V3 decoder layers (vLLM) running in float16 carry ``hidden_states`` and
     ``residual`` scaled by ``1 / routed_scaling_factor`` (RMSNorm does not see the scale,
     so the model's own output is unaffected); the captured sum must be multiplied back to
-    be the layer's true output. Detected by probing the layer's forward source.
+    be the layer's true output. Detected by probing the layer's forward source; when the
+    source cannot be read, or scales by ``routed_scaling_factor`` in a form not known
+    here, it raises rather than guess (1.0 would silently shrink every captured value).
     """
     import inspect
 
@@ -84,11 +86,26 @@ def fp16_unscale_factor(layer: Any) -> float:
         return 1.0
     if type(getattr(layer, "self_attn", None)).__name__ == "DeepseekAttention":
         return 1.0  # vLLM skips the guard for this attention class
+    name = f"{type(layer).__qualname__}.forward"
+    params = getattr(layer, "parameters", None)
+    fp16 = params is None or any(str(p.dtype) == "torch.float16" for p in params())
     try:
         src = inspect.getsource(type(layer).forward)
-    except (OSError, TypeError):
-        return 1.0
-    return float(factor) if "1.0 / self.routed_scaling_factor" in src else 1.0
+    except (OSError, TypeError) as exc:
+        if not fp16:
+            return 1.0  # the factor only ever applies to float16 outputs
+        raise CompatError(
+            f"speculators-compat: cannot read the source of {name} ({exc}), so the capture "
+            f"cannot tell whether its float16 outputs are scaled by 1/routed_scaling_factor "
+            f"({factor}); install vLLM with its .py sources, or run in bfloat16.") from exc
+    if "1.0 / self.routed_scaling_factor" in src:
+        return float(factor)
+    if "routed_scaling_factor" in src and fp16:
+        raise CompatError(
+            f"speculators-compat: {name} uses routed_scaling_factor ({factor}) in a form the "
+            "capture does not know, so it cannot undo it for float16 outputs; run in "
+            "bfloat16, or report the vLLM version.")
+    return 1.0  # the forward does not scale its outputs
 
 
 def request_order_key(req_id: str, first_seen: int) -> tuple:

@@ -120,12 +120,19 @@ class Adapter:
     kind: Kind = Kind.UPSTREAM_CHANGE
     #: When the adapter can be deleted.
     remove_when: str = ""
+    #: Fail closed: without this adapter the data is silently wrong, so when its probe
+    #: raises or finds an unknown shape, or its apply fails, the activation installs
+    #: :meth:`refuse` instead of going on without it (unless it is disabled by name).
+    fail_closed: bool = False
 
     def probe(self, ctx: Context) -> Verdict:  # pragma: no cover - interface
         raise NotImplementedError
 
     def apply(self, patcher: Patcher, ctx: Context) -> None:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:
+        """Make what this adapter guards raise ``CompatError(message)`` (fail closed)."""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -368,19 +375,17 @@ class Activation:
             strict = _env.flag(os.environ.get(_env.STRICT)) if strict is None else strict
             ctx = Context(process)
             results = []
-            for a in adapters:
-                try:
+            try:
+                for a in adapters:
                     results.append(self._run_one(a, ctx, selected, disabled))
-                except UnsupportedError:
-                    self._patcher.revert(0)
-                    raise
-            self._patcher.setenv(_env.ACTIVE, "1")
-            if self._on_activate is not None:
-                try:
+                self._patcher.setenv(_env.ACTIVE, "1")
+                if self._on_activate is not None:
                     self._on_activate(self._patcher, process)
-                except BaseException:
-                    self._patcher.revert(0)
-                    raise
+            except BaseException:
+                # UnsupportedError, or an interrupt (Ctrl+C) inside a probe or an apply:
+                # leave nothing half-patched, so a later activate() starts from scratch.
+                self._patcher.revert(0)
+                raise
             report = Report(results, ctx.versions, os.getpid(), process, strict, True)
             self.report = report
             if strict and report.problems:
@@ -426,9 +431,10 @@ class Activation:
             return result(Status.MISMATCH, str(exc))
         except Exception as exc:  # a probe must never take the user down
             logger.debug("probe of %s raised", adapter.name, exc_info=True)
-            return result(Status.FAILED, f"probe raised {exc!r}")
+            return self._fail_closed(adapter, ctx, result(Status.FAILED,
+                                                          f"probe raised {exc!r}"))
         if not verdict.apply:
-            return result(verdict.status, verdict.reason)
+            return self._fail_closed(adapter, ctx, result(verdict.status, verdict.reason))
         reason = verdict.reason
         vllm = ctx.versions.get("vllm")
         if adapter.vllm_range and _versions.in_range(vllm, adapter.vllm_range) is False:
@@ -447,8 +453,35 @@ class Activation:
                 self._patcher.revert(mark)
             except Exception:  # noqa: BLE001
                 pass
-            return result(Status.FAILED, f"apply raised {exc!r}; rolled back")
+            return self._fail_closed(adapter, ctx, result(
+                Status.FAILED, f"apply raised {exc!r}; rolled back"))
         return result(Status.APPLIED, reason, self._patcher.changes()[mark:])
+
+    def _fail_closed(self, adapter: Adapter, ctx: Context, res: AdapterResult) -> AdapterResult:
+        """A data-guarding adapter that could not act: make what it guards refuse."""
+        if not (adapter.fail_closed and res.status in (Status.MISMATCH, Status.FAILED)
+                and ctx.process == "driver"):
+            return res
+        message = (f"speculators-compat: adapter {adapter.name} could not be applied "
+                   f"({res.status.value}: {res.reason}); without it the hidden states could be "
+                   f"silently wrong ({adapter.summary}), so the generator refuses to run. "
+                   f"Report the installed versions; to run without it anyway, set "
+                   f"{_env.DISABLE}={adapter.name}.")
+        mark = len(self._patcher)
+        try:
+            adapter.refuse(self._patcher, ctx, message)
+        except Exception as exc:  # nothing to guard (e.g. no generator): say so
+            logger.debug("refuse of %s raised", adapter.name, exc_info=True)
+            try:
+                self._patcher.revert(mark)
+            except Exception:  # noqa: BLE001 - already logged by revert()
+                pass
+            res.reason += f"; could not install the refusal: {exc!r}"
+            return res
+        res.changes = self._patcher.changes()[mark:]
+        if res.changes:
+            res.reason += "; fail closed: the generator refuses to run"
+        return res
 
     def _log(self, report: Report) -> None:
         if not self._logged:

@@ -1339,11 +1339,11 @@ def _legacy_generate_guard(base, gen, cfg, adapter):
     kvc = kv_config_for(rcfg)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint("llama"))
 
-    def bare_generator():
+    def bare_generator(scheduler_cls=Scheduler):
         g = object.__new__(gen.VllmHiddenStatesGenerator)
         g.vllm_config, g.tokenizer, g._request_counter = rcfg, tokenizer, 0
         g.block_hasher = None  # 0.4 passes it to Request
-        g.scheduler = new_scheduler(Scheduler, rcfg, kvc)
+        g.scheduler = new_scheduler(scheduler_cls, rcfg, kvc)
         return g
 
     # vLLM >= 0.17 needs request_eos_token_id for speculators to add any request.
@@ -1364,15 +1364,127 @@ def _legacy_generate_guard(base, gen, cfg, adapter):
             g.generate(batch)
         assert all(r.is_finished() for r in g.scheduler.requests.values())
         assert not g.scheduler.running and not g.scheduler.waiting
+        assert g._request_counter == 1  # the failed call's request ids are not reused
         # bad input is refused before anything is added
+        vocab = rcfg.model_config.get_vocab_size()
         for bad, match in [([], "empty batch"), ([[1, 2], []], "sequence 1 of the batch is empty"),
                            ([[1, 2.0]], "sequence 0 contains 2.0"),
-                           ([[True]], "sequence 0 contains True")]:
+                           ([[True]], "sequence 0 contains True"),
+                           ([[1, 2], [3, vocab]], f"sequence 1 has token id {vocab} at position 1"),
+                           ([[-1]], "sequence 0 has token id -1 at position 0")]:
             g = bare_generator()
             with pytest.raises(CompatError, match=match):
                 g.generate(bad)
             assert not g.scheduler.requests
         assert "generate" in vars(gen.VllmHiddenStatesGenerator)
+    if base.env.speculators_03 and base.env.vllm < V("0.12.0.dev0"):
+        return  # scheduler_prefill_only does not apply there
+    # With prefill-only scheduling, which defers aborting a request that is not fully
+    # prefilled (speculators 0.3's loop), the guard's cleanup still aborts everything.
+    prefill = BY_NAME["scheduler_prefill_only"]
+    many = [[5 + i % 7] * 3 for i in range(MAX_NUM_SEQS + 8)]
+    with activated(*helper, prefill, adapter) as report:
+        assert report[prefill.name].status is APPLIED
+        g = bare_generator(gen.Scheduler)
+        with pytest.raises(AttributeError, match="executor"):
+            g.generate(many)
+        assert not g.scheduler.requests and not g.scheduler.running and not g.scheduler.waiting
+        assert not getattr(g.scheduler, "_compat_deferred", None)
+
+
+def _break_probe(name: str, monkeypatch, gen) -> str:
+    """Make ``name``'s probe meet an unknown shape or raise; returns the expected status."""
+    if name == "result_order_natural":  # speculators' source unreadable (e.g. .pyc only)
+        from speculators_compat.adapters import _targets
+
+        real = _targets.source
+        monkeypatch.setattr(_targets, "source", lambda obj: "" if obj is gen else real(obj))
+        return "mismatch"
+    if name == "scheduler_prefill_only":  # a scheduler of an unknown shape
+        monkeypatch.setattr(gen, "Scheduler", type("Scheduler", (), {}))
+        return "mismatch"
+
+    def check(self, ctx, gen):
+        raise RuntimeError(f"{name} probe broke")
+
+    monkeypatch.setattr(type(BY_NAME[name]), "check", check)
+    return "failed"
+
+
+@pytest.mark.parametrize("name", ["hook_capture", "result_order_natural",
+                                  "scheduler_prefill_only", "generate_guard"])
+def test_data_guards_fail_closed(base: Base, monkeypatch, name: str):
+    """Without these adapters the data is silently wrong (reordered, truncated, or from
+    the broken upstream forward): when one cannot act, speculators' generator refuses
+    (before any engine starts), naming the adapter and the opt-out, unless the user
+    disabled it by name."""
+    gen = base.gen
+    adapter = BY_NAME[name]
+    spaces = _consumer_owned(gen)
+    before = snapshot(spaces)
+    with monkeypatch.context() as m:
+        status = _break_probe(name, m, gen)
+        with activated(adapter) as report:
+            r = report[name]
+            assert r.status.value == status, r
+            assert "fail closed" in r.reason, r
+            for call in (lambda: gen.VllmHiddenStatesGenerator(
+                             model_path=checkpoint("llama"), layer_ids=[10**6]),
+                         lambda: object.__new__(gen.VllmHiddenStatesGenerator).generate([[1]])):
+                with pytest.raises(CompatError) as exc:
+                    call()
+                msg = str(exc.value)
+                assert f"adapter {name} could not be applied ({status}" in msg, msg
+                assert f"{_env.DISABLE}={name}" in msg, msg
+        assert diff(before, snapshot(spaces)) <= {f"{GEN}.Scheduler"}
+        m.setenv(_env.DISABLE, name)
+        with activated(adapter) as report:
+            assert report[name].status is Status.DISABLED
+            with pytest.raises(ValueError, match="out of bounds"):  # speculators' own check
+                gen.VllmHiddenStatesGenerator(model_path=checkpoint("llama"), layer_ids=[10**6])
+    assert diff(before, snapshot(spaces)) == set()
+
+
+def test_fp16_unscale_factor_reads_vllm_deepseek_layer(base: Base, monkeypatch):
+    """The fp16 overflow guard of vLLM's real ``DeepseekV2DecoderLayer.forward`` is found
+    (factor = routed_scaling_factor); when the source cannot be read, or scales in a form
+    not known, a float16 layer raises instead of silently using 1.0."""
+    import torch
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2DecoderLayer
+
+    from speculators_compat._capture import fp16_unscale_factor
+
+    def layer(cls=DeepseekV2DecoderLayer, dtype=torch.float16, factor=2.5):
+        obj = object.__new__(cls)
+        torch.nn.Module.__init__(obj)
+        obj.routed_scaling_factor = factor
+        obj.norm = torch.nn.Parameter(torch.ones(4, dtype=dtype))
+        return obj
+
+    assert "1.0 / self.routed_scaling_factor" in inspect.getsource(DeepseekV2DecoderLayer.forward)
+    assert fp16_unscale_factor(layer()) == 2.5
+    assert fp16_unscale_factor(layer(factor=1.0)) == 1.0
+
+    class Renamed(DeepseekV2DecoderLayer):  # a future vLLM writing the guard otherwise
+        def forward(self, hidden_states, residual):
+            return hidden_states / self.routed_scaling_factor, residual
+
+    class NoGuard(DeepseekV2DecoderLayer):  # a future vLLM without the guard
+        def forward(self, hidden_states, residual):
+            return hidden_states, residual
+
+    with pytest.raises(CompatError, match="routed_scaling_factor"):
+        fp16_unscale_factor(layer(Renamed))
+    assert fp16_unscale_factor(layer(NoGuard)) == 1.0
+    assert fp16_unscale_factor(layer(Renamed, dtype=torch.bfloat16)) == 1.0
+
+    def no_source(obj):
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(inspect, "getsource", no_source)
+    with pytest.raises(CompatError, match="cannot read the source"):
+        fp16_unscale_factor(layer())
+    assert fp16_unscale_factor(layer(dtype=torch.bfloat16)) == 1.0  # never applied to bf16
 
 
 # --------------------------------------------------------------------------------------

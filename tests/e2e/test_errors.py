@@ -35,12 +35,75 @@ def test_empty_batch_and_sequence_and_bad_tokens(errors):
     assert b["raised"] == "CompatError" and "sequence 1" in b["message"] and "'x'" in b["message"]
 
 
+def test_token_ids_outside_the_vocabulary_are_refused(errors):
+    vocab = errors["vocab_size"]
+    e = errors["token_too_large"]
+    assert e["raised"] == "CompatError", e
+    assert "sequence 1" in e["message"] and "position 2" in e["message"], e
+    assert f"token id {vocab}" in e["message"] and f"0..{vocab - 1}" in e["message"], e
+    e = errors["token_negative"]
+    assert e["raised"] == "CompatError", e
+    assert "sequence 0" in e["message"] and "position 1" in e["message"], e
+
+
+def _section(errors, name):
+    info = errors[name]
+    assert "error" not in info, (info.get("error"), info.get("traceback"),
+                                 errors.get("_stderr_tail"))
+    return info
+
+
 def test_failed_calls_leak_nothing_and_truncation_matches_upstream(errors):
-    after = errors["after_errors"]
-    assert after["returned"] == 5
+    after = _section(errors, "after_errors")
+    assert after["returned"] == after["expected"] == 5
     assert after["input_ids_truncated"], "over-long sequences are cut to max_model_len - 1"
     assert max(after["rows"]) == 63
     assert after["compare_ok"], after
+
+
+def test_workers_are_asked_which_extension_they_run(errors):
+    after = _section(errors, "after_errors")
+    # the workers themselves, not the driver's report or config
+    assert after["workers_run"] == [[after["worker_extension_cls"]]], after
+    assert after["worker_extension_cls"].startswith("speculators_compat.worker_extension."), after
+
+
+def test_failed_model_step_leaks_nothing_into_the_next_call(errors):
+    """A 40-sequence call whose first model step raises leaves 8 requests waiting; the
+    next call must not run them as its own (0.3: every row wrong; 0.4: KeyError)."""
+    info = _section(errors, "failed_step")
+    assert info["failed"]["raised"] == "RuntimeError", info["failed"]
+    assert "injected failure" in info["failed"]["message"], info["failed"]
+    empty = {"requests": 0, "running": 0, "waiting": 0, "deferred": 0}
+    assert info["scheduler_after_failure"] == empty, info
+    nxt = info["next_call"]
+    assert "raised" not in nxt, nxt
+    assert nxt["returned"] == nxt["expected"] == 12, nxt
+    assert nxt["input_order"], nxt
+    assert nxt["compare_ok"], nxt
+    assert info["scheduler_after_next_call"] == empty, info
+
+
+def test_interrupt_issues_no_rpc_and_makes_the_generator_unusable(errors):
+    info = _section(errors, "interrupted")
+    assert info["raised"] == "KeyboardInterrupt", info
+    assert info["rpcs_after_interrupt"] == [], info
+    assert info["seconds"] < 5, info
+    nxt = info["next_call"]
+    assert nxt["raised"] == "CompatError", nxt
+    assert "interrupted" in nxt["message"] and "new VllmHiddenStatesGenerator" in nxt["message"]
+
+
+def test_live_generator_refuses_after_deactivate_and_reactivate(errors):
+    info = _section(errors, "deactivated")
+    for key in ("after_deactivate", "after_reactivate"):
+        e = info[key]
+        assert e["raised"] == "CompatError", (key, e)
+        assert "deactivate()" in e["message"] and "new VllmHiddenStatesGenerator" in e["message"]
+    e = info["unseen_generator"]
+    assert e["raised"] == "CompatError", e
+    assert "not built under the current activation" in e["message"], e
+    assert "scheduler" in e["message"], e
 
 
 def test_speculators_without_generator_is_refused():

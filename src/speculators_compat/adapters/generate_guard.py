@@ -2,26 +2,57 @@
 
 Why: speculators' ``generate()`` adds every sequence to the scheduler before it runs
 anything. An empty sequence fails deep inside vLLM after earlier sequences of the batch
-were added, and any failure mid-call leaves requests (and captured rows) behind that
-the next call would silently return as part of its own batch.
+were added, an out-of-vocabulary token id becomes a zero embedding (TP > 1, silent) or
+kills the workers (TP = 1 on a GPU), and any failure mid-call leaves requests (and
+captured rows) behind that the next call would silently return as part of its own batch.
+A generator outlives what it was built with: after ``deactivate()`` (or one built before
+``activate()``) its scheduler, executor and workers no longer match the patched module.
 How: wrap ``VllmHiddenStatesGenerator.generate`` (speculators' class, the consumer):
-before it runs, reject an empty batch, empty sequences and non-integer tokens with a
-message naming the sequence; if it raises anyway, abort every request left in its
-scheduler and reset the workers' capture, then re-raise.
+before it runs, reject an empty batch, empty sequences, non-integer tokens and ids
+outside ``0..vocab_size-1`` with a message naming the sequence (and position); at the
+first call of each generator, check that its scheduler and executor are the classes the
+module binds now and ask its workers which extension class they run. If the call raises
+an ``Exception``, abort every request left in its scheduler (deferred ones included),
+check that the workers' replies are in step (a nonce echoed back) and reset their
+capture, each RPC with a timeout; a cleanup that fails is logged and the generator
+refuses further calls. On an interrupt (``KeyboardInterrupt`` or any other
+``BaseException``) no RPC is issued: the generator is marked unusable and the interrupt
+propagates at once. ``__init__`` is wrapped to remember the generators built while
+active; ``deactivate()`` marks those still alive unusable (their ``generate()`` raises).
 Applies when: speculators' in-process generator is installed.
 Remove when: speculators < 0.5 support is dropped.
 """
 
 from __future__ import annotations
 
+import logging
 import numbers
+import uuid
+import weakref
 from types import ModuleType
+from typing import Any
 
-from .._core import CompatError, Context, Kind, Patcher, Verdict
+from .._core import CompatError, Context, Kind, Patcher, Verdict, _label
+from . import _targets
 from ._base import GeneratorAdapter
+from .scheduler_prefill_only import ABORT_ALL
+
+logger = logging.getLogger("speculators_compat")
+
+#: Seconds an RPC issued by the guard itself may wait for the workers.
+RPC_TIMEOUT_S = 120.0
+#: Key under which the activation's context holds the extension class the workers of a
+#: generator built now must run (set by ``hook_capture`` when it applies).
+WORKER_EXTENSION_KEY = "worker_extension_cls"
+
+#: generator -> why it refuses every further call.
+_UNUSABLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+REBUILD = "Build a new VllmHiddenStatesGenerator (after speculators_compat.activate())."
 
 
-def validate_batch(token_ids) -> None:
+def validate_batch(token_ids, vocab_size: int | None = None) -> None:
+    """Refuse input speculators would fail on halfway, or silently mis-embed."""
     if hasattr(token_ids, "tolist"):
         token_ids = token_ids.tolist()
     if token_ids is None or len(token_ids) == 0:
@@ -37,25 +68,124 @@ def validate_batch(token_ids) -> None:
         if bad is not None:
             raise CompatError(f"speculators-compat: sequence {i} contains {bad!r} "
                               f"({type(bad).__name__}); token ids must be ints (nothing was run).")
+        if vocab_size is not None and (min(seq) < 0 or max(seq) >= vocab_size):
+            pos = next(p for p, t in enumerate(seq) if t < 0 or t >= vocab_size)
+            raise CompatError(
+                f"speculators-compat: sequence {i} has token id {seq[pos]} at position {pos}, "
+                f"outside the model's vocabulary (0..{vocab_size - 1}); check the tokenizer "
+                "matches the model (nothing was run).")
 
 
-def _cleanup(generator) -> None:
+def vocab_size(generator) -> int | None:
+    """The model's vocabulary size from the generator's vLLM config (``None`` when the
+    object has no config: not a generator speculators built)."""
+    config = getattr(generator, "vllm_config", None)
+    if config is None:
+        return None
+    return int(config.model_config.get_vocab_size())
+
+
+def mark_unusable(generator, reason: str) -> None:
+    """Make every further ``generate()`` of ``generator`` raise ``CompatError(reason)``,
+    also after ``deactivate()`` (the instance attribute shadows the class method)."""
+
+    def generate(*args: Any, **kwargs: Any):
+        raise CompatError(reason)
+
+    try:
+        _UNUSABLE[generator] = reason
+        vars(generator)["generate"] = generate
+    except TypeError:  # not weak-referenceable / no __dict__: nothing else to mark
+        pass
+
+
+def _rpc(executor, method, *, args: tuple = ()):
+    """``collective_rpc`` with the guard's timeout where the executor accepts one."""
+    kwargs: dict[str, Any] = {"args": args}
+    if "timeout" in (_targets.parameters(executor.collective_rpc) or {}):
+        kwargs["timeout"] = RPC_TIMEOUT_S
+    return executor.collective_rpc(method, **kwargs)
+
+
+def echo(worker, nonce: str) -> str:
+    """Runs in each worker: returns ``nonce``, so the driver can tell its reply from a
+    stale one left in the executor's in-order response queue by an earlier call."""
+    return nonce
+
+
+def _cleanup(generator, counter_before: Any) -> None:
+    """Remove every trace of a failed call; raise ``CompatError`` if anything is left."""
     scheduler = getattr(generator, "scheduler", None)
     if scheduler is not None:
-        leftover = list(getattr(scheduler, "requests", {}) or {})
-        if leftover:
+        abort_all = getattr(scheduler, ABORT_ALL, None)
+        if abort_all is not None:  # scheduler_prefill_only would defer unprefilled ones
+            abort_all()
+        elif scheduler.requests:
             from vllm.v1.request import RequestStatus
 
-            scheduler.finish_requests(leftover, RequestStatus.FINISHED_ABORTED)
+            scheduler.finish_requests(list(scheduler.requests), RequestStatus.FINISHED_ABORTED)
+        left = {name: len(getattr(scheduler, name, ()) or ())
+                for name in ("requests", "running", "waiting")}
+        if any(left.values()):
+            raise CompatError(f"speculators-compat: the scheduler still holds requests after "
+                              f"aborting them all ({left}).")
+    if isinstance(counter_before, int) and generator._request_counter == counter_before:
+        generator._request_counter += 1  # the failed call's request ids are never reused
     executor = getattr(generator, "executor", None)
     if executor is not None:
-        executor.collective_rpc("_reset_capture")
+        nonce = uuid.uuid4().hex
+        replies = _rpc(executor, echo, args=(nonce,))
+        if not (isinstance(replies, list) and replies and all(r == nonce for r in replies)):
+            raise CompatError("speculators-compat: the workers' replies are out of step with "
+                              "the driver (a reply of the failed call was still queued).")
+        _rpc(executor, "_reset_capture")
+
+
+def _check_instance(generator, gen: ModuleType, expected_extension: str) -> None:
+    """Refuse a generator whose parts were not built by the module as patched now."""
+    from .hook_capture import running_extensions
+
+    found = []
+    for attr, name in (("scheduler", "Scheduler"), ("executor", "MultiprocExecutor")):
+        part = getattr(generator, attr, None)
+        if part is not None and type(part) is not getattr(gen, name):
+            found.append(f"its {attr} is a {_label(type(part))}, not the "
+                         f"{_label(getattr(gen, name))} bound now")
+    executor = getattr(generator, "executor", None)
+    if executor is not None:
+        try:
+            running = running_extensions(executor, RPC_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - refuse rather than guess
+            found.append(f"its workers could not be asked which extension they run ({exc!r})")
+        else:
+            if not running or any(expected_extension not in names for names in running):
+                found.append(f"its workers run {running}, not {expected_extension}")
+    if found:
+        raise CompatError(
+            "speculators-compat: this generator was not built under the current activation "
+            f"({'; '.join(found)}): it was built before speculators_compat.activate(), or "
+            f"before a deactivate(), and would run half-patched. {REBUILD}")
+
+
+def refuse_generator(patcher: Patcher, ctx: Context, message: str) -> None:
+    """Fail closed: make building a generator, and ``generate()``, raise ``message``."""
+    gen = _targets.generator_module(ctx)
+    if gen is None:
+        return
+
+    def refuse(wrapped, instance, args, kwargs):
+        raise CompatError(message)
+
+    patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", refuse)
+    patcher.wrap(gen.VllmHiddenStatesGenerator, "generate", refuse)
 
 
 class GenerateGuard(GeneratorAdapter):
     name = "generate_guard"
     kind = Kind.SAFEGUARD
-    summary = "reject bad generate() input up front; clean up after a failed call"
+    fail_closed = True
+    summary = ("reject bad generate() input up front; leave nothing behind after a failed "
+               "or interrupted call; refuse half-patched generators")
     upstream = ("speculators 0.3/0.4: generate() adds requests before running; failures "
                 "leave state that corrupts the next call")
     vllm_range = None
@@ -66,17 +196,66 @@ class GenerateGuard(GeneratorAdapter):
             return Verdict.mismatch("VllmHiddenStatesGenerator has no generate()")
         return Verdict.needed("validate input before requests are added; clean up on failure")
 
+    def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:
+        refuse_generator(patcher, ctx, message)
+
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        def wrapper(wrapped, instance, args, kwargs):
+        cls = gen.VllmHiddenStatesGenerator
+        expected = ctx.memo(WORKER_EXTENSION_KEY, lambda: _targets.WORKER_EXTENSION)
+        built: weakref.WeakSet = weakref.WeakSet()
+        checked: weakref.WeakSet = weakref.WeakSet()
+
+        def init(wrapped, instance, args, kwargs):
+            out = wrapped(*args, **kwargs)
+            built.add(instance)
+            return out
+
+        def generate(wrapped, instance, args, kwargs):
+            reason = _UNUSABLE.get(instance)
+            if reason is not None:
+                raise CompatError(reason)
             token_ids = kwargs.get("token_ids", args[0] if args else None)
-            validate_batch(token_ids)
+            validate_batch(token_ids, vocab_size(instance))
+            if instance not in checked:
+                try:
+                    _check_instance(instance, gen, expected)
+                except CompatError as exc:
+                    mark_unusable(instance, str(exc))
+                    raise
+                checked.add(instance)
+            counter = getattr(instance, "_request_counter", None)
             try:
                 return wrapped(*args, **kwargs)
-            except BaseException:
+            except Exception as exc:
                 try:
-                    _cleanup(instance)
-                except Exception:  # noqa: BLE001 - the original error matters more
-                    pass
+                    _cleanup(instance, counter)
+                except BaseException as failure:
+                    why = (f"speculators-compat: cleaning up after a failed generate() "
+                           f"failed ({failure!r}); this generator's state is unknown. {REBUILD}")
+                    mark_unusable(instance, why)
+                    logger.warning("%s", why, exc_info=failure)
+                    if hasattr(exc, "add_note"):
+                        exc.add_note(why)
+                    if not isinstance(failure, Exception):
+                        raise
+                raise
+            except BaseException as exc:  # Ctrl+C & co.: no RPC, return at once
+                mark_unusable(instance, (
+                    f"speculators-compat: a generate() of this generator was interrupted "
+                    f"({type(exc).__name__}); its scheduler and workers may still hold that "
+                    f"call's requests and replies. {REBUILD}"))
                 raise
 
-        patcher.wrap(gen.VllmHiddenStatesGenerator, "generate", wrapper)
+        def mark_live_instances() -> None:
+            for g in list(built):
+                mark_unusable(g, (
+                    "speculators-compat: this generator was built while speculators-compat "
+                    "was active, and deactivate() has since removed the patches it relies on "
+                    f"(it would return silently wrong results). {REBUILD}"))
+
+        patcher.wrap(cls, "__init__", init)
+        patcher.wrap(cls, "generate", generate)
+        # Same label as the __init__ wrap: both change what __init__ leaves behind.
+        patcher.on_revert(f"{_label(cls)}.__init__", mark_live_instances)
+
+

@@ -15,7 +15,10 @@ parallelism is refused here, before any worker starts. The capture reads both th
 runner's ``input_batch`` and Model Runner V2's per-step batch; where the release has the
 switch, the generator's construction runs with ``VLLM_USE_V2_MODEL_RUNNER=0`` unless the
 user set it (V1 is the most tested path; ``=1`` is honoured), and the variable is
-restored afterwards (vLLM's own engines in the same process are unaffected).
+restored afterwards (vLLM's own engines in the same process are unaffected). Which
+extension a live generator's workers really run is asked from the workers themselves
+(``running_extensions``): ``generate_guard`` refuses a generator whose workers run
+another one than the current activation names (one built before ``activate()``).
 Applies when: the installed vLLM has any of the changes above.
 Remove when: speculators < 0.5 support is dropped.
 """
@@ -46,8 +49,27 @@ def _reasons(contract: str) -> list[str]:
     return reasons
 
 
+def worker_classes(worker) -> list[str]:
+    """Runs in each worker (``collective_rpc``): the qualified names of the classes the
+    worker is made of, the ``worker_extension_cls`` vLLM mixed in among them."""
+    inner = getattr(worker, "worker", None) or worker  # vLLM's WorkerWrapperBase
+    return [f"{c.__module__}.{c.__qualname__}" for c in type(inner).__mro__]
+
+
+def running_extensions(executor, timeout: float | None = None) -> list[list[str]]:
+    """Per worker, the hidden-state extensions (speculators' or the shim's) it runs."""
+    known = {_targets.WORKER_EXTENSION, *worker_extension.EXTENSIONS.values()}
+    kwargs = {}
+    if timeout is not None and "timeout" in (_targets.parameters(executor.collective_rpc)
+                                             or {}):
+        kwargs["timeout"] = timeout
+    replies = executor.collective_rpc(worker_classes, **kwargs)
+    return [[name for name in names if name in known] for names in replies]
+
+
 class HookCapture(GeneratorAdapter):
     name = "hook_capture"
+    fail_closed = True
     summary = "capture decoder-layer outputs with forward hooks, rows attributed by the runner"
     upstream = ("vLLM 0.11.1: embed_input_ids rename; 0.12: DeepseekV2DecoderLayer "
                 "llama_4_scaling; 0.22+: Model Runner V2 (vllm/v1/worker/gpu/)")
@@ -68,7 +90,14 @@ class HookCapture(GeneratorAdapter):
         return Verdict.needed("; ".join(reasons) + f" -> hook capture ({contract} contract)"
                               + pin)
 
+    def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:
+        from .generate_guard import refuse_generator
+
+        refuse_generator(patcher, ctx, message)
+
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
+        from .generate_guard import WORKER_EXTENSION_KEY
+
         ours = worker_extension.EXTENSIONS[_targets.worker_contract(ctx)]
 
         def wrapper(wrapped, instance, args, kwargs):
@@ -84,6 +113,7 @@ class HookCapture(GeneratorAdapter):
         patcher.wrap(gen, "ParallelConfig", wrapper)
         if knows_v2_runner_switch():
             patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", _pin_v1_runner)
+        ctx.memo(WORKER_EXTENSION_KEY, lambda: ours)  # what generate_guard checks workers for
 
 
 V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"

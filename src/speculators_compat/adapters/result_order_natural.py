@@ -9,7 +9,8 @@ there a ``sorted`` that orders speculators' request ids numerically (any other i
 is sorted exactly as the builtin does). Results come back in input order.
 This changes upstream 0.4.x's observable order for batches of 11+ (to the documented
 one); the report says so.
-Applies when: the installed generator sorts request ids (speculators 0.4.x).
+Applies when: the installed generator sorts request ids (speculators 0.4.x); when its
+source cannot be read the probe reports a mismatch (fail closed: the generator refuses).
 Remove when: speculators 0.4.x support is dropped.
 """
 
@@ -42,9 +43,19 @@ class ResultOrderNatural(GeneratorAdapter):
     vllm_range = None
     speculators_range = ">=0.4.0.dev0,<0.5.0.dev0"
     remove_when = "speculators 0.4.x support is dropped"
+    fail_closed = True
+
+    def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:
+        from .generate_guard import refuse_generator
+
+        refuse_generator(patcher, ctx, message)
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        if "sorted(request_id_to_idx" not in _targets.source(gen):
+        src = _targets.source(gen)
+        if not src:
+            return Verdict.mismatch("the source of speculators' generator module is "
+                                    "unavailable: cannot tell how it orders results")
+        if "sorted(request_id_to_idx" not in src:
             return Verdict.not_needed("generator does not order results by sorted request ids")
         return Verdict.needed("generator orders results by request ids sorted as strings; "
                               "results are returned in input order instead (differs from "

@@ -10,7 +10,10 @@ request scheduled in a step, including one whose prefill was only partly schedul
 How: the ``Scheduler`` seen by speculators' module finishes a request as soon as its
 prompt is fully computed (at the start of the next ``schedule()``, freeing its slot and
 blocks), and defers an abort requested for a request whose prompt is not yet fully
-computed until it is. Nothing changes for requests that fit in one step.
+computed until it is. Nothing changes for requests that fit in one step. The deferral is
+for speculators' own step loop only: ``abort_all()`` (what ``generate_guard`` calls after
+a failed ``generate()``) aborts every request at once, deferred ones included, so that no
+request of a failed call can run in the next one.
 Applies when: the scheduler exposes ``running`` / ``finish_requests`` and requests
 track ``num_computed_tokens`` / ``num_prompt_tokens`` (V1 scheduler), except for
 speculators 0.3.x on a vLLM whose ``SchedulerConfig`` leaves chunked prefill off by
@@ -49,6 +52,12 @@ class SchedulerPrefillOnly(GeneratorAdapter):
                 "(0.4), chunked prompts aborted mid-prefill (0.3); vLLM V1 scheduler")
     vllm_range = None
     remove_when = "speculators < 0.5 support is dropped"
+    fail_closed = True
+
+    def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:
+        from .generate_guard import refuse_generator
+
+        refuse_generator(patcher, ctx, message)
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         sched, req = gen.Scheduler, gen.Request
@@ -91,5 +100,15 @@ class SchedulerPrefillOnly(GeneratorAdapter):
                 return base.finish_requests(self, ids, finished_status, *args, **kwargs)
             return base.finish_requests(self, request_ids, finished_status, *args, **kwargs)
 
+        def abort_all(self) -> None:
+            """Abort every request now, including those not fully prefilled."""
+            self.__dict__.pop("_compat_deferred", None)
+            base.finish_requests(self, list(self.requests), aborted)
+
         patcher.setattr(gen, "Scheduler", _targets.subclass(
-            base, self.name, {"schedule": schedule, "finish_requests": finish_requests}))
+            base, self.name, {"schedule": schedule, "finish_requests": finish_requests,
+                              ABORT_ALL: abort_all}))
+
+
+#: Method of the rebound ``Scheduler`` that aborts everything at once (no deferral).
+ABORT_ALL = "_compat_abort_all"
