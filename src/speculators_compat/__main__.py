@@ -46,6 +46,18 @@ def plugin_status() -> dict:
             "vllm_plugins": allowed, "loads_in_workers": loads, "note": note}
 
 
+def bootstrap_status() -> dict:
+    """Where the interpreter-start hook is, and whether this process's PYTHONPATH has it."""
+    from . import _bootstrap
+
+    ships = os.path.isfile(os.path.join(_bootstrap.DIRECTORY, "sitecustomize.py"))
+    return {"directory": _bootstrap.DIRECTORY, "ships": ships,
+            "on_pythonpath": _bootstrap.on_pythonpath(),
+            "note": ("activate() puts it on PYTHONPATH: child Pythons activate at start"
+                     if ships else "sitecustomize.py is missing from the installed package: "
+                     "spawned workers activate only through the plugin (reinstall)")}
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from . import _ACTIVATION
     from ._core import UnsupportedError
@@ -70,6 +82,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     data["dry_run"] = True
     data["vllm_distribution"] = _versions.installed_distribution("vllm")
     data["plugin"] = plugin_status()
+    data["bootstrap"] = bootstrap_status()
     data["environment"] = {k: os.environ.get(k) for k in
                            (_env.DISABLE, _env.STRICT, _env.VLLM_VERSION, "VLLM_PLUGINS",
                             "VLLM_USE_V2_MODEL_RUNNER", "VLLM_WORKER_MULTIPROC_METHOD")}
@@ -82,6 +95,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         extra = f" ({data['vllm_distribution']})" if name == "vllm" and v[name] else ""
         print(f"  {name:<13} {v[name] or 'not installed'}{extra}")
     print(f"plugin: {data['plugin']['note']}")
+    print(f"bootstrap: {data['bootstrap']['note']} ({data['bootstrap']['directory']})")
     print("adapters (verdicts from a dry run in this process; nothing else changed):")
     width = max(len(a["name"]) for a in data["adapters"])
     for a in data["adapters"]:

@@ -202,3 +202,63 @@ def test_order_check_names_only_the_modules_an_adapter_precedes():
     with pytest.raises(CompatError):
         _order.check_import_order(rep, before | {"speculators.data_generation.custom_worker"})
     act.deactivate()
+
+
+# -- `speculators-compat run`: the target's module level runs activated, in spawned children too
+
+SCRIPT = '''
+import os, sys
+import speculators_compat
+_r = speculators_compat.report()
+print("MODULE", __name__, _r and _r.process, sys.argv[1:], flush=True)
+
+def child():
+    pass
+
+if __name__ == "__main__":
+    import multiprocessing as mp
+    p = mp.get_context("spawn").Process(target=child)
+    p.start()
+    p.join()
+    sys.exit(p.exitcode)
+'''
+
+
+def _run_cli(args, cwd, extra_env=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
+    env[_env.DISABLE] = _all_adapters_disabled()
+    env.pop("PYTHONPATH", None)
+    env.update(extra_env or {})
+    return subprocess.run([sys.executable, "-m", "speculators_compat", "run", *args],
+                          capture_output=True, text=True, env=env, timeout=180, cwd=cwd)
+
+
+def test_run_script_spawned_children_activate_before_rerunning_it(tmp_path):
+    (tmp_path / "gen.py").write_text(SCRIPT)
+    proc = _run_cli([str(tmp_path / "gen.py"), "--a", "1"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MODULE")]
+    assert lines == ["MODULE __main__ driver ['--a', '1']",
+                     "MODULE __mp_main__ worker ['--a', '1']"], proc.stdout
+
+
+def test_run_module(tmp_path):
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "gen.py").write_text(SCRIPT)
+    proc = _run_cli(["-m", "mypkg.gen", "x"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MODULE")]
+    assert lines == ["MODULE __main__ driver ['x']", "MODULE __mp_main__ worker ['x']"], proc.stdout
+
+
+def test_run_missing_script_says_so(tmp_path):
+    proc = _run_cli([str(tmp_path / "nope.py")], tmp_path)
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def test_doctor_reports_the_bootstrap():
+    from speculators_compat.__main__ import bootstrap_status
+
+    st = bootstrap_status()
+    assert st["ships"] and st["directory"] == DIR
