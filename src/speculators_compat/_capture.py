@@ -195,6 +195,9 @@ class LayerCapture:
         self._unscale = {i: fp16_unscale_factor(layers[i]) for i in ids}
         self._handles = [layers[i].register_forward_hook(self._hook_for(i)) for i in ids]
         self._step: Any = None
+        #: Where rows also go as they are produced (the shared-memory transport's
+        #: ``StreamingSink``), or ``None``.
+        self.sink: Any = None
         self._step_layout: list[tuple[str, int, int]] | None = None
         self.armed = False
         self.reset()
@@ -405,9 +408,15 @@ class LayerCapture:
             if factor != 1.0 and str(hidden.dtype) == "torch.float16":
                 hidden = hidden * factor
             slot = self._slot[layer_idx]
+            streamed = []
             for rid, offset, keep in self._layout(hidden.shape[0]):
                 per_layer = self.rows.setdefault(rid, [[] for _ in self.layer_ids])
-                per_layer[slot].append(hidden[offset: offset + keep])
+                rows = hidden[offset: offset + keep]
+                if self.sink is not None:  # prompt position of these rows
+                    streamed.append((rid, sum(c.shape[0] for c in per_layer[slot]), rows))
+                per_layer[slot].append(rows)
+            if streamed:
+                self.sink.write(slot, streamed)
             return
 
         return hook

@@ -46,8 +46,9 @@ MARKER = "speculators_compat_transport"
 POOL_BYTES_ENV = "SPECULATORS_COMPAT_TRANSPORT_BYTES"
 CHUNK_BYTES = 256 << 20
 MAX_DEFAULT_POOL = 8 << 30
-#: The worker RPC the driver calls instead of ``_get_captured_states``.
+#: The worker RPCs the driver calls instead of ``_get_captured_states`` / ``_reset_capture``.
 EXPORT_RPC = "_compat_export_states"
+RESET_RPC = "_compat_reset_capture"
 
 LIST = "list"
 BY_REQUEST = "by_request"
@@ -159,8 +160,11 @@ class ShmExporter:
         self._closed: list[int] = []  # segments the driver should unmap
         self._queue: deque = deque()
         self._contract = BY_REQUEST
-        self._shapes: dict[Any, list] = {}
-        self.disabled_reason: str | None = None
+        self._first = False
+        self._stream = None
+        #: How replies went: ``streamed`` (rows copied while the model ran), ``copied``
+        #: (copied at the end), ``pieces`` (a batch larger than the pool).
+        self.stats = {"streamed": 0, "copied": 0, "pieces": 0}
 
     # -- pool ----------------------------------------------------------------------
     def release(self, sids) -> None:
@@ -195,11 +199,8 @@ class ShmExporter:
         return seg, 0
 
     def reset(self) -> None:
-        """Forget a failed export: nothing is leased, nothing pending."""
-        self._queue.clear()
-        for seg in self.segments.values():
-            seg.leased = False
-            seg.used = 0
+        """Forget a failed export (what the driver holds stays leased)."""
+        self.new_call()
 
     def close(self) -> None:
         for seg in self.segments.values():
@@ -218,7 +219,7 @@ class ShmExporter:
         self._contract = contract
         for key, slot, t in _items(states, contract):
             self._queue.append((key, slot, t, 0))
-        self._shapes = {}
+        self._first = True
         return self.next_piece()
 
     def next_piece(self) -> dict:
@@ -266,17 +267,147 @@ class ShmExporter:
             import torch
 
             torch.cuda.current_stream().synchronize()
+        alone, self._first = self._first and whole and not self._queue, False
+        self.stats["copied" if alone else "pieces"] += 1
+        return self.lease_reply(used, out, self._contract, more=bool(self._queue),
+                                whole=whole and not self._queue)
+
+    def lease_reply(self, used, items, contract: str, more: bool = False,
+                    whole: bool = True) -> dict:
+        """Mark ``used`` segments leased to the driver; the reply that describes them."""
         for sid in used:
             self.segments[sid].leased = True
-        return {MARKER: 1, "pid": os.getpid(), "contract": self._contract,
+        return {MARKER: 1, "pid": os.getpid(), "contract": contract,
                 "segments": {sid: (self.segments[sid].fd, self.segments[sid].size)
                              for sid in used},
-                "items": out, "more": bool(self._queue), "whole": whole and not self._queue,
-                "closed": self._take_closed()}
+                "items": items, "more": more, "whole": whole, "closed": self._take_closed()}
+
+    def side_stream(self):
+        """The CUDA stream that copies rows to shared memory beside the forward."""
+        if self._stream is None:
+            import torch
+
+            self._stream = torch.cuda.Stream()
+        return self._stream
+
+    def new_call(self) -> None:
+        """A ``generate()`` call starts: free segments are empty again."""
+        self._queue.clear()
+        for seg in self.segments.values():
+            if not seg.leased:
+                seg.used = 0
 
     def _take_closed(self) -> list[int]:
         closed, self._closed = self._closed, []
         return closed
+
+
+class StreamingSink:
+    """Worker side: rows go to shared memory while the model runs, not after.
+
+    Built at the start of a ``generate()`` call from the driver's plan (request ids and
+    prompt lengths, in input order). Each decoder-layer hook hands it the rows it kept;
+    on CUDA they are copied on a side stream into pinned shared memory, overlapping the
+    rest of the forward, so that by the time speculators asks for the states only a
+    descriptor is left to send. The layout is the installed speculators' contract: one
+    region per request and layer (0.4.x), or one lane per layer with the requests
+    concatenated in input order (0.3.x). Anything unplanned (a request not in the plan,
+    rows past a prompt's end, a pool too small) switches it off for the call: the export
+    then takes the regular path, never a wrong row.
+    """
+
+    def __init__(self, exporter: ShmExporter, plan, n_layers: int, contract: str) -> None:
+        self.exporter = exporter
+        self.plan = [(str(r), int(n)) for r, n in plan]
+        self.n_layers = n_layers
+        self.contract = contract
+        self.ok = bool(self.plan)
+        self.dst: dict[tuple[str, int], Any] | None = None
+        self.places: dict[tuple[Any, int], tuple[int, int, tuple, str]] = {}
+        self.used: set[int] = set()
+        self._cuda = False
+
+    def _allocate(self, sample) -> None:
+        self.dst = {}
+        width = tuple(sample.shape[1:])
+        row_bytes = sample[0].numel() * sample.element_size() if sample.shape[0] else 0
+        total = sum(n for _, n in self.plan)
+
+        def region(key, slot, rows):
+            got = self.exporter._alloc(max(rows * row_bytes, 1))
+            if got is None:
+                raise MemoryError("shared-memory pool too small for this batch")
+            seg, off = got
+            self.used.add(seg.sid)
+            view = seg.buf[off:off + rows * row_bytes].view(sample.dtype).view((rows, *width))
+            self.places[(key, slot)] = (seg.sid, off, (rows, *width), str(sample.dtype))
+            return view
+
+        if self.contract == LIST:
+            for slot in range(self.n_layers):
+                lane = region(None, slot, total)
+                start = 0
+                for rid, n in self.plan:
+                    self.dst[(rid, slot)] = lane[start:start + n]
+                    start += n
+        else:
+            for rid, n in self.plan:
+                for slot in range(self.n_layers):
+                    self.dst[(rid, slot)] = region(rid, slot, n)
+
+    def write(self, slot: int, entries) -> None:
+        """``entries``: (request id, prompt position, rows) of one layer in one step."""
+        if not self.ok:
+            return
+        try:
+            if self.dst is None:
+                self._allocate(entries[0][2])
+            pairs = []
+            for rid, pos, rows in entries:
+                dst = self.dst.get((rid, slot))
+                if dst is None or pos + rows.shape[0] > dst.shape[0]:
+                    self.ok = False
+                    return
+                pairs.append((dst[pos:pos + rows.shape[0]], rows))
+        except (OSError, MemoryError):
+            self.ok = False
+            return
+        if pairs and pairs[0][1].is_cuda:
+            import torch
+
+            self._cuda = True
+            stream = self.exporter.side_stream()
+            ready = torch.cuda.Event()
+            ready.record()
+            with torch.cuda.stream(stream):
+                stream.wait_event(ready)
+                for dst, rows in pairs:
+                    dst.copy_(rows, non_blocking=True)
+        else:
+            for dst, rows in pairs:
+                dst.copy_(rows)
+
+    def wait(self) -> None:
+        if self._cuda:
+            self.exporter.side_stream().synchronize()
+
+    def describe(self, order: list[str], lengths: dict[str, int]) -> dict | None:
+        """The descriptor of the streamed rows when they are exactly what the capture
+        holds (``order``: the requests in input order, ``lengths``: their prompt
+        lengths); ``None`` when the regular export must run instead."""
+        self.wait()
+        planned = [r for r, _ in self.plan]
+        if not self.ok or self.dst is None or planned != order or any(
+                lengths.get(r) != n for r, n in self.plan):
+            return None
+        keys = [None] if self.contract == LIST else order
+        items = []
+        for key in keys:
+            for slot in range(self.n_layers):
+                sid, off, shape, dtype = self.places[(key, slot)]
+                items.append((key, slot, sid, off, shape, dtype, 0, shape[0]))
+        self.exporter.stats["streamed"] += 1
+        return self.exporter.lease_reply(self.used, items, self.contract)
 
 
 def rpc_reply(states: Any, reason: str) -> dict:

@@ -41,29 +41,54 @@ class _CompatHiddenStatesExtension:
             raise RuntimeError("Must call _setup_hidden_states_capture before capturing states")
         return cap
 
-    def _reset_capture(self) -> None:
-        self._capture().reset()
-
     def _set_request_metadata(self, request_metadata: dict[str, int]) -> None:
         """Accepted for speculators 0.4's driver; rows are attributed from the runner's own
         batch layout instead, which also covers decode rows and reordered batches."""
 
-    def _compat_export_states(self, released=(), more: bool = False) -> dict | None:
-        """The shared-memory transport's RPC (see :mod:`speculators_compat._transport`):
-        the captured states of ``_get_captured_states``, copied into shared memory, as a
-        small descriptor; ``released`` names segments the driver no longer uses."""
+    def _reset_capture(self) -> None:
         cap = self._capture()
-        if not cap.enabled:
-            return None
+        cap.reset()
+        cap.sink = None
+
+    def _compat_exporter_of_worker(self):
         exporter = getattr(self, "_compat_exporter", None)
         if exporter is None:
             exporter = self._compat_exporter = _transport.ShmExporter()
+        return exporter
+
+    def _compat_reset_capture(self, plan=(), released=()) -> None:
+        """speculators' ``_reset_capture`` with the call's plan (request ids and prompt
+        lengths in input order) from the shim's driver: rows then stream into shared
+        memory while the model runs (:class:`speculators_compat._transport.StreamingSink`)."""
+        self._reset_capture()
+        cap = self._capture()
+        if not cap.enabled or not plan:
+            return
+        exporter = self._compat_exporter_of_worker()
+        exporter.release(released)
+        exporter.new_call()
+        cap.sink = _transport.StreamingSink(exporter, plan, len(cap.layer_ids), self.CONTRACT)
+
+    def _compat_export_states(self, released=(), more: bool = False) -> dict | None:
+        """The shared-memory transport's RPC (see :mod:`speculators_compat._transport`):
+        what ``_get_captured_states`` returns, as a small descriptor of shared memory;
+        ``released`` names segments the driver no longer uses."""
+        cap = self._capture()
+        if not cap.enabled:
+            return None
+        exporter = self._compat_exporter_of_worker()
         exporter.release(released)
         if more:
             return exporter.next_piece()
-        states = self._get_captured_states()
+        sink, cap.sink = cap.sink, None
+        order, lengths = cap.ordered_requests(), dict(cap.prompt_len)
+        states = self._get_captured_states()  # every completeness check runs here
         if states is None:
             return None
+        if sink is not None:
+            reply = sink.describe(order, lengths)
+            if reply is not None:
+                return reply
         try:
             return exporter.export(states, self.CONTRACT)
         except (OSError, MemoryError) as exc:

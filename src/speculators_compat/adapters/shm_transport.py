@@ -22,6 +22,7 @@ Remove when: speculators < 0.5 support is dropped.
 from __future__ import annotations
 
 import functools
+import weakref
 from types import ModuleType
 
 from .. import _transport
@@ -30,8 +31,10 @@ from . import _targets
 from ._base import GeneratorAdapter
 from .hook_capture import HookCapture
 
-#: The speculators RPC whose reply is carried through shared memory.
+#: The speculators RPC whose reply is carried through shared memory, and the one that
+#: starts a call (answered with the call's plan so rows stream while the model runs).
 CAPTURED_STATES_RPC = "_get_captured_states"
+RESET_CAPTURE_RPC = "_reset_capture"
 
 
 class ShmTransport(GeneratorAdapter):
@@ -62,16 +65,37 @@ class ShmTransport(GeneratorAdapter):
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         base = gen.MultiprocExecutor
+        waiting = gen.RequestStatus.WAITING
+
+        def plan_of(executor) -> list[tuple[str, int]]:
+            """This call's requests (ids, prompt lengths) in input order: speculators
+            adds them all to its scheduler before it resets the capture."""
+            ref = executor.__dict__.get("_compat_generator")
+            generator = ref() if ref is not None else None
+            scheduler = getattr(generator, "scheduler", None)
+            requests = getattr(scheduler, "requests", None) or {}
+            return [(rid, int(r.num_prompt_tokens)) for rid, r in requests.items()
+                    if r.status == waiting and not r.num_computed_tokens]
+
+        def importer_of(executor) -> _transport.ShmImporter:
+            importer = executor.__dict__.get("_compat_importer")
+            if importer is None:
+                importer = executor.__dict__["_compat_importer"] = _transport.ShmImporter()
+            return importer
 
         @functools.wraps(base.collective_rpc)  # later probes read its signature and docstring
         def collective_rpc(self, method, *args, **kwargs):
-            if (method != CAPTURED_STATES_RPC or args or kwargs.get("args")
-                    or kwargs.get("kwargs") or kwargs.get("non_block")
+            plain = (args or kwargs.get("args") or kwargs.get("kwargs")
+                     or kwargs.get("non_block"))
+            if method == RESET_CAPTURE_RPC and not plain:
+                plan = plan_of(self)
+                if plan:
+                    released = importer_of(self).take_released()
+                    return base.collective_rpc(self, _transport.RESET_RPC,
+                                               **{**kwargs, "args": (plan, released)})
+            if (method != CAPTURED_STATES_RPC or plain
                     or kwargs.get("unique_reply_rank") is None):
                 return base.collective_rpc(self, method, *args, **kwargs)
-            importer = self.__dict__.get("_compat_importer")
-            if importer is None:
-                importer = self.__dict__["_compat_importer"] = _transport.ShmImporter()
             listed = []
 
             def call(released, more):
@@ -82,7 +106,7 @@ class ShmTransport(GeneratorAdapter):
                     reply = next((r for r in reply if r is not None), None)
                 return reply
 
-            states = importer.fetch(call)
+            states = importer_of(self).fetch(call)
             return [states] if listed else states
 
         def shutdown(self, *args, **kwargs):
@@ -95,3 +119,12 @@ class ShmTransport(GeneratorAdapter):
 
         patcher.setattr(gen, "MultiprocExecutor", _targets.subclass(
             base, self.name, {"collective_rpc": collective_rpc, "shutdown": shutdown}))
+
+        def link(wrapped, instance, args, kwargs):
+            out = wrapped(*args, **kwargs)
+            executor = getattr(instance, "executor", None)
+            if executor is not None and hasattr(executor, "__dict__"):
+                executor.__dict__["_compat_generator"] = weakref.ref(instance)
+            return out
+
+        patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", link)
