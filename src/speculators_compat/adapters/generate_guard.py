@@ -167,6 +167,12 @@ def _check_instance(generator, gen: ModuleType, expected_extension: str) -> None
             f"before a deactivate(), and would run half-patched. {REBUILD}")
 
 
+def _interrupted(exc: BaseException) -> str:
+    return (f"speculators-compat: a generate() of this generator was interrupted "
+            f"({type(exc).__name__}); its scheduler and workers may still hold that call's "
+            f"requests and replies. {REBUILD}")
+
+
 def refuse_generator(patcher: Patcher, ctx: Context, message: str) -> None:
     """Fail closed: make building a generator, and ``generate()``, raise ``message``."""
     gen = _targets.generator_module(ctx)
@@ -222,6 +228,10 @@ class GenerateGuard(GeneratorAdapter):
                 except CompatError as exc:
                     mark_unusable(instance, str(exc))
                     raise
+                except BaseException as exc:
+                    if not isinstance(exc, Exception):  # interrupted during the check's RPC
+                        mark_unusable(instance, _interrupted(exc))
+                    raise
                 checked.add(instance)
             counter = getattr(instance, "_request_counter", None)
             try:
@@ -240,10 +250,7 @@ class GenerateGuard(GeneratorAdapter):
                         raise
                 raise
             except BaseException as exc:  # Ctrl+C & co.: no RPC, return at once
-                mark_unusable(instance, (
-                    f"speculators-compat: a generate() of this generator was interrupted "
-                    f"({type(exc).__name__}); its scheduler and workers may still hold that "
-                    f"call's requests and replies. {REBUILD}"))
+                mark_unusable(instance, _interrupted(exc))
                 raise
 
         def mark_live_instances() -> None:
