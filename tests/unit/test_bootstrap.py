@@ -75,6 +75,8 @@ def test_write_report_false_writes_no_report_file(toy, monkeypatch, tmp_path):
                                         "spawn_main; spawn_main(tracker_fd=5, pipe_handle=7)",
                                         "--multiprocessing-fork"], "worker"),
     (["-c"], ["py", "-c", "from multiprocessing.resource_tracker import main;main(5)"], None),
+    (["-c"], ["py", "-c", "from multiprocessing.forkserver import main; main(5, 6, None)"],
+     "worker"),
     (["script.py", "--x"], ["py", "script.py", "--x"], "driver"),
     (["-c"], ["py", "-c", "print(1)"], "driver"),
     (["-m"], ["py", "-m", "pip", "list"], "driver"),

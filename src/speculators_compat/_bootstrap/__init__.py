@@ -25,6 +25,8 @@ DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 #: ``-c`` programs of multiprocessing helpers that never run user code: no activation.
 _HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker",
             "multiprocess.resource_tracker")
+#: ``-c`` program of the forkserver, whose forked children are worker processes.
+_FORKSERVERS = ("multiprocessing.forkserver", "multiprocess.forkserver")
 
 
 def on_pythonpath(value: str | None = None) -> bool:
@@ -57,7 +59,8 @@ def process_kind(argv: list[str] | None = None, orig_argv: list[str] | None = No
 
     ``"worker"``: a ``multiprocessing`` spawn child (``--multiprocessing-fork``), which
     is what vLLM's worker and engine-core processes are (as are spawn children of any
-    other library); it gets the worker-phase adapters, like the plugin gives them.
+    other library); it gets the worker-phase adapters, like the plugin gives them. So
+    does a ``forkserver`` (its forked children are workers).
     ``None``: a multiprocessing helper that never runs user code (resource tracker):
     nothing to do. ``"driver"``: any other Python (a script the user's code starts):
     it may run speculators' generator itself, so it gets the whole activation.
@@ -70,6 +73,8 @@ def process_kind(argv: list[str] | None = None, orig_argv: list[str] | None = No
         code = orig_argv[orig_argv.index("-c") + 1:][:1]
         if code and any(h in code[0] for h in _HELPERS):
             return None
+        if code and any(h in code[0] for h in _FORKSERVERS):
+            return "worker"
     return "driver"
 
 
