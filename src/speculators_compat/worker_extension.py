@@ -47,6 +47,8 @@ class _CompatHiddenStatesExtension:
 
     def _reset_capture(self) -> None:
         cap = self._capture()
+        if cap.sink is not None:
+            cap.sink.wait()  # copies of an abandoned call still read rows reset() frees
         cap.reset()
         cap.sink = None
 
@@ -81,6 +83,8 @@ class _CompatHiddenStatesExtension:
         if more:
             return exporter.next_piece()
         sink, cap.sink = cap.sink, None
+        if sink is not None:
+            sink.wait()  # before take() frees the rows its side-stream copies read
         order, lengths = cap.ordered_requests(), dict(cap.prompt_len)
         states = self._get_captured_states()  # every completeness check runs here
         if states is None:
