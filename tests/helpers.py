@@ -35,15 +35,30 @@ def vllm_version():
     return _versions.parse(installed("vllm"))
 
 
+#: Set by ``tools/envs.py test`` for the real-vLLM suites (and under ``CI=true``): there a
+#: missing vLLM or speculators means the environment is broken, and skipping would let
+#: the run pass with no real-vLLM coverage at all. So it fails instead.
+REQUIRE_REAL = (os.environ.get("SPECULATORS_COMPAT_REQUIRE_REAL") == "1"
+                or os.environ.get("CI", "").lower() == "true")
+
+
+def missing(reason: str):
+    """Skip (a plain ``pytest`` anywhere) or fail (CI / ``envs.py test``) for ``reason``."""
+    if REQUIRE_REAL:
+        pytest.fail(f"{reason}; required here (SPECULATORS_COMPAT_REQUIRE_REAL=1 or CI=true)",
+                    pytrace=False)
+    pytest.skip(reason)
+
+
 def require_vllm():
     if installed("vllm") is None:
-        pytest.skip("vLLM is not installed in this environment (run via tools/envs.py test)")
+        missing("vLLM is not installed in this environment (run via tools/envs.py test)")
 
 
 def require_speculators():
     require_vllm()
     if installed("speculators") is None:
-        pytest.skip("speculators is not on PYTHONPATH (run via tools/envs.py test)")
+        missing("speculators is not on PYTHONPATH (run via tools/envs.py test)")
 
 
 def checkpoint(kind: str, **overrides) -> str:

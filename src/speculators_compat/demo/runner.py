@@ -37,6 +37,13 @@ def runner_request_count(worker) -> int:
     return len(runner.req_states.req_id_to_index)
 
 
+def capture_restarts(worker) -> int | None:
+    """Prompts the worker's capture restarted since the last ``generate()`` began
+    (recomputed after a preemption); ``None`` where the shim's capture is not running."""
+    cap = getattr(worker, "_compat_capture", None)
+    return None if cap is None else cap.restarts
+
+
 class StepFailed(Exception):
     def __init__(self, step: str, exc: BaseException) -> None:
         super().__init__(f"step '{step}' failed: {type(exc).__name__}: {exc}")
@@ -65,12 +72,15 @@ class _Steps:
 def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequence[Sequence[
         Sequence[int]]], activate: bool = True, max_model_len: int = 512,
         generator_kwargs: dict[str, Any] | None = None, log=print,
-        extra_checks=None) -> dict[str, Any]:
+        extra_checks=None, setup=None) -> dict[str, Any]:
     """Extract hidden states for each batch and compare with transformers.
 
     Returns a JSON-able dict: ``ok``, ``steps`` (each with ok/error), ``report`` (the
     driver's activation report), ``worker_reports``, ``batches`` (per batch: sizes,
-    order check, comparison summary, tokens/s).
+    order check, comparison summary, tokens/s). ``setup(gen)`` runs once the generator
+    is built, before the first batch (tests use it to shrink the KV cache);
+    ``extra_checks(gen, outputs)`` after the last batch; what they return is reported
+    as ``setup`` / ``extra``.
     """
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     steps = _Steps(log)
@@ -99,6 +109,8 @@ def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequ
                 result["worker_reports"] = steps(
                     "ask vLLM workers for their activation report",
                     gen.executor.collective_rpc, worker_report)
+            if setup is not None:
+                result["setup"] = steps("test setup", setup, gen)
             outputs = []
             for b, batch in enumerate(batches):
                 t = time.perf_counter()

@@ -23,6 +23,10 @@ if __name__ == "__main__":
     p.add_argument("--max-len", type=int, default=48)
     p.add_argument("--check-unscaled-differs", action="store_true",
                    help="compare with a reference that ignores llama_4_scaling too")
+    p.add_argument("--preempt", action="store_true",
+                   help="after the batches, run one more batch with a KV cache too small for "
+                        "it and 32-token prefill chunks, so that vLLM preempts requests "
+                        "mid-prefill and recomputes them; check it against transformers")
     a = p.parse_args()
 
     from speculators_compat.demo.runner import make_sequences, run_check
@@ -64,11 +68,79 @@ if __name__ == "__main__":
         cmp = compare([r["hidden_states"] for r in outputs[-1]], ref)
         return {"unscaled_reference_ok": cmp["ok"], "unscaled_min_cosine": cmp["min_cosine"]}
 
-    extra = consistency if a.consistency else (unscaled if a.check_unscaled_differs else None)
+    def preemption(gen, outputs):
+        """A KV cache too small for the batch: vLLM's scheduler preempts requests in the
+        middle of their (chunked) prefill and later recomputes them from position 0. The
+        scheduler's threshold makes every request prefill in 32-token chunks (many partial
+        prefills at once); blocks taken out of the scheduler's pool leave it room for about
+        2.5 of the batch's longest prompts. Preemptions are counted in the scheduler's
+        outputs, restarts in the workers' capture."""
+        import torch
+
+        from speculators_compat.demo.reference import compare, reference_hidden_states
+        from speculators_compat.demo.runner import capture_restarts
+
+        sched = gen.scheduler
+        cfg = sched.scheduler_config
+        saved = (cfg.long_prefill_token_threshold,
+                 getattr(sched, "adaptive_long_prefill_threshold", None))
+        cfg.long_prefill_token_threshold = 32
+        if saved[1] is not None:
+            sched.adaptive_long_prefill_threshold = False
+        batch = make_sequences(8, seed=99, min_len=200, max_len=300)
+        block = sched.kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
+        room = -(-5 * max(map(len, batch)) // (2 * block))
+        pool = sched.kv_cache_manager.block_pool
+        held = pool.get_new_blocks(pool.get_num_free_blocks() - room)
+        counts = {"preempted": 0, "resumed": 0, "steps": 0}
+        schedule = sched.schedule
+
+        def counting(*args, **kwargs):
+            out = schedule(*args, **kwargs)
+            counts["steps"] += 1
+            counts["preempted"] += len(getattr(out, "preempted_req_ids", None) or ())
+            counts["resumed"] += len(
+                getattr(out.scheduled_cached_reqs, "resumed_req_ids", None) or ())
+            return out
+
+        sched.schedule = counting
+        res, restarts, error = [], None, None
+        try:
+            res = gen.generate([list(s) for s in batch])
+            restarts = gen.executor.collective_rpc(capture_restarts)
+        except Exception as exc:  # reported: the test decides which errors are acceptable
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            del sched.schedule
+            pool.free_blocks(held)
+            cfg.long_prefill_token_threshold = saved[0]
+            if saved[1] is not None:
+                sched.adaptive_long_prefill_threshold = saved[1]
+        cmp = None
+        if res:
+            ref = reference_hidden_states(a.model, batch, sorted(set(gen.layer_ids)))
+            cmp = compare([r["hidden_states"] for r in res], ref)
+        return {"preempt": {
+            **counts, "kv_blocks": room, "block_size": block, "capture_restarts": restarts,
+            "error": error, "size": len(batch), "returned": len(res),
+            "input_order": len(res) == len(batch) and all(
+                torch.equal(r["input_ids"], torch.tensor(s)) for r, s in zip(res, batch)),
+            "compare": cmp and {k: v for k, v in cmp.items() if k != "per_sequence"}}}
+
+    checks = [f for f, on in ((consistency, a.consistency),
+                              (unscaled, a.check_unscaled_differs),
+                              (preemption, a.preempt)) if on]
+
+    def extra(gen, outputs):
+        found = {}
+        for check in checks:
+            found.update(check(gen, outputs))
+        return found
+
     result = run_check(a.model, layer_ids=[int(x) for x in a.layers.split(",")],
                        batches=batches, activate=not a.no_activate,
                        max_model_len=a.max_model_len, generator_kwargs=kwargs,
-                       extra_checks=extra)
+                       extra_checks=extra if checks else None)
     result["driver_pid"] = os.getpid()
     with open(a.out, "w") as f:
         json.dump(result, f, default=str)

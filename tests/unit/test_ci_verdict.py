@@ -1,0 +1,79 @@
+"""``tools/envs.py test`` cannot pass empty: skips outside the allow-list and suites that
+ran fewer tests than their minimum fail the combination (read from a junit file)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import envs  # noqa: E402
+
+REQUIRE = {"tests/contract": 2, "tests/e2e": 1}
+
+
+def junit(tmp_path: Path, cases: list[tuple[str, str, str]]) -> Path:
+    """cases: (classname, name, outcome) with outcome passed/skipped/failed."""
+    body = []
+    for cls, name, outcome in cases:
+        inner = {"passed": "", "skipped": '<skipped message="why"/>',
+                 "failed": '<failure message="boom"/>'}[outcome]
+        body.append(f'<testcase classname="{cls}" name="{name}">{inner}</testcase>')
+    path = tmp_path / "j.xml"
+    path.write_text(f'<testsuites><testsuite name="pytest" tests="{len(cases)}">'
+                    f'{"".join(body)}</testsuite></testsuites>')
+    return path
+
+
+GOOD = [("tests.contract.test_adapters", "test_a", "passed"),
+        ("tests.contract.test_adapters.TestKinds", "test_b[x]", "passed"),
+        ("tests.e2e.test_generator", "test_llama_hidden_states_match_transformers", "passed")]
+
+
+def test_test_ids():
+    import xml.etree.ElementTree as ET
+
+    case = ET.fromstring('<testcase classname="tests.contract.test_adapters.TestKinds" '
+                         'name="test_b[x]"/>')
+    assert envs._test_id(case) == "tests/contract/test_adapters.py::TestKinds::test_b[x]"
+
+
+def test_complete_run_passes(tmp_path):
+    counts, problems = envs.junit_verdict(junit(tmp_path, GOOD), "0.32.0", "0.4.0.1", REQUIRE)
+    assert problems == [] and counts == {"passed": 3, "failed": 0, "skipped": 0}
+
+
+def test_every_test_skipped_fails(tmp_path):
+    cases = [(c, n, "skipped") for c, n, _ in GOOD]
+    _, problems = envs.junit_verdict(junit(tmp_path, cases), "0.32.0", "0.4.0.1", REQUIRE)
+    assert sum("skip not allowed" in p for p in problems) == 3
+    assert any("tests/contract: only 0 tests ran (minimum 2)" in p for p in problems)
+    assert any("tests/e2e: only 0 tests ran (minimum 1)" in p for p in problems)
+
+
+def test_allowed_skip_only_where_it_applies(tmp_path):
+    chunked = ("tests.e2e.test_generator", "test_chunked_prefill_gives_whole_sequences",
+               "skipped")
+    path = junit(tmp_path, [*GOOD, chunked])
+    _, problems = envs.junit_verdict(path, "0.32.0", "0.3.0", REQUIRE)
+    assert problems == []  # speculators 0.3 has no max_num_batched_tokens
+    _, problems = envs.junit_verdict(path, "0.32.0", "0.4.0.1", REQUIRE)
+    assert problems == ["skip not allowed here: tests/e2e/test_generator.py::"
+                        "test_chunked_prefill_gives_whole_sequences (why)"]
+    mla = ("tests.e2e.test_models", "test_deepseek_llama_4_scaling_is_kept", "skipped")
+    path = junit(tmp_path, [*GOOD, mla])
+    assert envs.junit_verdict(path, "0.16.0", "0.4.0.1", REQUIRE)[1] == []
+    assert len(envs.junit_verdict(path, "0.32.0", "0.4.0.1", REQUIRE)[1]) == 1
+
+
+def test_failures_counted(tmp_path):
+    cases = [*GOOD, ("tests.e2e.test_errors", "test_x", "failed")]
+    counts, problems = envs.junit_verdict(junit(tmp_path, cases), "0.32.0", "0.4.0.1", REQUIRE)
+    assert counts["failed"] == 1 and problems == []
+
+
+def test_unit_suite_skips_are_not_policed(tmp_path):
+    cases = [("tests.unit.test_capture", "test_x", "skipped")]
+    counts, problems = envs.junit_verdict(junit(tmp_path, cases), None, None, {})
+    assert problems == [] and counts["skipped"] == 1
