@@ -25,7 +25,14 @@ from typing import Any
 import torch
 import transformers
 
-__all__ = ["KINDS", "STAMP_NAME", "build_checkpoint", "build_tokenizer"]
+__all__ = [
+    "KINDS",
+    "STAMP_NAME",
+    "build_checkpoint",
+    "build_fast_checkpoint",
+    "build_tokenizer",
+    "build_word_tokenizer",
+]
 
 #: Name of the file that records how a checkpoint directory was built (written last).
 STAMP_NAME = "speculators_compat_checkpoint.json"
@@ -386,6 +393,137 @@ def build_checkpoint(
             trash = pathlib.Path(
                 tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent)
             )
+            os.replace(path, trash / path.name)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def build_word_tokenizer(
+    vocab_size: int, model_max_length: int = _COMMON["max_position_embeddings"]
+) -> transformers.PreTrainedTokenizerFast:
+    """A word-level tokenizer of exactly ``vocab_size`` tokens, built instantly, for any size.
+
+    Why: :func:`build_tokenizer` trains byte-level BPE on a fixed corpus, which cannot reach a
+    real model's vocabulary (Llama 3: 128,256).  Benchmarks feed token ids, so the tokenizer
+    only has to exist and decode every id the model can sample.  Ids 0..4 are the special
+    tokens of :data:`SPECIAL_TOKENS` (as in :func:`build_tokenizer`), id ``i >= 5`` is the word
+    ``t<i>``; words split on whitespace, unknown words map to ``<pad>``.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must exceed {len(SPECIAL_TOKENS)}, got {vocab_size}")
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    vocab.update((f"t{i}", i) for i in range(len(SPECIAL_TOKENS), vocab_size))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD_TOKEN))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        unk_token=PAD_TOKEN,
+        additional_special_tokens=[IM_START, IM_END],
+        model_max_length=model_max_length,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    if len(fast) != vocab_size:
+        raise RuntimeError(f"word tokenizer has {len(fast)} tokens, expected {vocab_size}")
+    return fast
+
+
+def _init_fast(model: torch.nn.Module, std: float, seed: int, device: str) -> None:
+    """Random weights in place: normal(0, std) for matrices, ones for norm weights, zeros for
+    every other vector (biases, DeepSeek's routing bias)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, std, generator=gen)
+            elif "norm" in name.rsplit(".", 2)[-2]:
+                param.fill_(1.0)
+            else:
+                param.zero_()
+
+
+def _write_fast_checkpoint(
+    kind: str, out: pathlib.Path, seed: int, device: str, overrides: dict[str, Any]
+) -> list[str]:
+    """Like :func:`_write_checkpoint`, but weights made directly in bf16 on ``device`` and a
+    word-level tokenizer (see :func:`build_fast_checkpoint`)."""
+    config = _make_config(kind, overrides)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = model.to_empty(device=device)
+    _init_fast(model, float(config.initializer_range), seed, device)
+    model.eval().save_pretrained(str(out), safe_serialization=True)
+    del model
+    _ensure_routing_bias(out, config)
+    tokenizer = build_word_tokenizer(config.vocab_size, config.max_position_embeddings)
+    tokenizer.save_pretrained(str(out))
+    _make_tokenizer_config_portable(out)
+    return sorted(p.name for p in out.iterdir() if p.is_file())
+
+
+def build_fast_checkpoint(
+    kind: str,
+    path: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    overwrite: bool = False,
+    **config_overrides: Any,
+) -> pathlib.Path:
+    """Build (or reuse) a random checkpoint of any size quickly; return its directory.
+
+    Why: :func:`build_checkpoint` initialises in float32 on the CPU (transformers' own init),
+    which for a benchmark-sized model (Llama-3-8B's shape: 8 B parameters, 16 GB of bf16)
+    takes minutes and 32 GB of memory.  Here the model is created on the meta device and
+    materialised in bf16 directly on ``device`` (``"cuda"`` on a GPU machine), then filled
+    with seeded random values (normal(0, ``initializer_range``) for matrices, ones for norm
+    weights, zeros for other vectors), and saved.  The tokenizer is
+    :func:`build_word_tokenizer` of the config's ``vocab_size`` (BPE cannot reach real sizes).
+
+    ``kind`` and ``config_overrides`` are as in :func:`build_checkpoint`.  The weights differ
+    from :func:`build_checkpoint`'s for the same seed (another init), and the stamp says so:
+    neither function reuses the other's directory.  Reuse, atomic replacement and
+    ``overwrite`` behave as in :func:`build_checkpoint`.  The values depend on ``device`` (its
+    random generator), which the stamp records too.
+    """
+    if kind not in _RECIPES:
+        raise ValueError(f"unknown checkpoint kind {kind!r}; expected one of {KINDS}")
+    try:
+        json.dumps(config_overrides)
+    except TypeError as e:
+        raise TypeError(f"config_overrides must be JSON-serialisable: {e}") from None
+    path = pathlib.Path(path).expanduser().absolute()
+    dev_type = torch.device(device).type
+    key = {**_stamp_key(kind, int(seed), config_overrides), "init": "fast-bf16-v1",
+           "device_type": dev_type}
+    if path.exists():
+        if not path.is_dir():
+            raise FileExistsError(f"{path} exists and is not a directory")
+        if not overwrite and _is_complete(path, key):
+            return path
+        if not overwrite and any(path.iterdir()) and _read_stamp(path) is None:
+            raise FileExistsError(
+                f"{path} is not empty and was not built by build_checkpoint; "
+                "pass overwrite=True to replace it"
+            )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.building-", dir=path.parent))
+    try:
+        files = _write_fast_checkpoint(kind, tmp, int(seed), device, config_overrides)
+        stamp = {"key": key, "files": files, "info": {"torch_version": torch.__version__}}
+        (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+        if path.exists():
+            trash = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
             os.replace(path, trash / path.name)
             shutil.rmtree(trash, ignore_errors=True)
         os.replace(tmp, path)
