@@ -62,7 +62,7 @@ def test_failed_calls_leak_nothing_and_truncation_matches_upstream(errors):
 
 
 def test_workers_are_asked_which_extension_they_run(errors):
-    after = _section(errors, "after_errors")
+    after = _section(errors, "workers_asked")
     # the workers themselves, not the driver's report or config
     assert after["workers_run"] == [[after["worker_extension_cls"]]], after
     assert after["worker_extension_cls"].startswith("speculators_compat.worker_extension."), after

@@ -88,13 +88,17 @@ if __name__ == "__main__":
         truncated = [s[:63] for s in seqs]
         info = checked(truncated, res)
         info["input_ids_truncated"] = [r["input_ids"].tolist() for r in res] == truncated
-        from speculators_compat.adapters.hook_capture import running_extensions
-
-        info["workers_run"] = running_extensions(gen.executor)
-        info["worker_extension_cls"] = gen.vllm_config.parallel_config.worker_extension_cls
         return info
 
     section(out, "after_errors", after_errors)
+
+    def workers_asked():
+        from speculators_compat.adapters.hook_capture import running_extensions
+
+        return {"workers_run": running_extensions(gen.executor),
+                "worker_extension_cls": gen.vllm_config.parallel_config.worker_extension_cls}
+
+    section(out, "workers_asked", workers_asked)
 
     def failed_step_then_next_call():
         # The first model step of a 40-sequence call (32 scheduled, 8 waiting) raises.
@@ -170,7 +174,7 @@ if __name__ == "__main__":
         from speculators_compat.adapters import generate_guard
 
         vars(gen).pop("generate", None)
-        generate_guard._UNUSABLE.pop(gen, None)
+        getattr(generate_guard, "_UNUSABLE", {}).pop(gen, None)
         info["unseen_generator"] = attempt(lambda: gen.generate([[5, 6, 7]] * 12))
         return info
 
