@@ -48,6 +48,8 @@ from speculators_compat.adapters.transformers5_config_torch import Transformers5
 GEN = "speculators.data_generation.vllm_hidden_states_generator"
 KV_UTILS = "vllm.v1.core.kv_cache_utils"
 TF_CONFIG = "transformers.configuration_utils"
+#: speculators' config generator (offline script metadata; no_gpu_kv_sizing wraps a name there).
+CONFIG_GEN = "speculators.data_generation.config_generator"
 SPECULATORS_EXTENSION = "speculators.data_generation.custom_worker.HiddenStatesWorkerExtension"
 #: speculators' generator constants (identical in 0.3.0 and 0.4.x on CPU).
 MAX_NUM_SEQS = 32
@@ -339,7 +341,7 @@ def _vllm_owned() -> dict[str, object]:
 def _consumer_owned(gen: ModuleType) -> dict[str, object]:
     """Namespaces adapters may change, labelled as the patcher labels them."""
     spaces = [gen, gen.VllmHiddenStatesGenerator, importlib.import_module(KV_UTILS),
-              importlib.import_module(TF_CONFIG)]
+              importlib.import_module(TF_CONFIG), importlib.import_module(CONFIG_GEN)]
     return {_label(obj): obj for obj in spaces}
 
 
@@ -639,7 +641,7 @@ def test_apply_then_revert_restores_identity(base: Base, name: str):
             # kv_cache_helpers_relocated, which the report lists).
             assert changed == listed, f"changed {sorted(changed)}; report lists {sorted(listed)}"
             vllm_labels = {c for c in changed if c.rsplit(".", 1)[0] not in (
-                GEN, TF_CONFIG, "VllmHiddenStatesGenerator")}
+                GEN, TF_CONFIG, CONFIG_GEN, "VllmHiddenStatesGenerator")}
             if name != "kv_cache_helpers_relocated":
                 assert not vllm_labels, f"{name} changed vLLM's own objects: {vllm_labels}"
             for label in vllm_labels:
@@ -930,6 +932,22 @@ def _legacy_no_gpu_kv_sizing(base, gen, cfg, adapter):
         # only speculators' module sees the proxy
         assert sys.modules["torch"] is torch and torch.cuda.mem_get_info is real_mem_get_info
     assert gen.torch is torch
+    # 0.4's offline-script metadata: config_generator's get_device_name(0) asks a CUDA build
+    # of torch for a GPU that is not there (0.3.0 checks torch.cuda.is_available() first).
+    config = importlib.import_module(CONFIG_GEN)
+    if not hasattr(config, "get_device_name"):
+        assert config._get_gpu_info() == "CPU only"
+        return
+    real_get_device_name = config.get_device_name
+    if torch.accelerator.current_accelerator() is None:
+        assert config._get_gpu_info() == "CPU ONLY"  # CPU-only torch: upstream's own answer
+    else:
+        with pytest.raises((RuntimeError, AssertionError)):
+            config._get_gpu_info()
+    with one(base, adapter) as applied:
+        assert applied
+        assert config._get_gpu_info() == "CPU ONLY"
+    assert config.get_device_name is real_get_device_name
 
 
 @legacy("scheduler_block_size")
