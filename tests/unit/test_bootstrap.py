@@ -137,6 +137,34 @@ def test_chains_to_the_sitecustomize_it_shadows(tmp_path):
         assert f"OTHER 1 {other / 'sitecustomize.py'}" in proc.stdout, proc.stdout
 
 
+CHAINING_HOOK = """
+import os, sys, importlib.machinery, importlib.util
+here = os.path.dirname(os.path.abspath(__file__))
+os.environ["OTHER_HOOK_RUNS"] = str(int(os.environ.get("OTHER_HOOK_RUNS", "0")) + 1)
+idx = [i for i, p in enumerate(sys.path) if os.path.abspath(p or ".") == here][0]
+spec = importlib.machinery.PathFinder.find_spec("sitecustomize", sys.path[idx + 1:])
+if spec:
+    m = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = m
+    spec.loader.exec_module(m)
+"""
+
+
+@pytest.mark.parametrize("order", ["ours-first", "theirs-first"])
+def test_two_chaining_hooks_run_once_each(tmp_path, order):
+    """Another tool's hook that chains like ours (ddtrace-style), before or after ours:
+    each runs exactly once, no loop."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text(CHAINING_HOOK)
+    path = [DIR, str(other)] if order == "ours-first" else [str(other), DIR]
+    proc = _python(REPORT + "; import os; print('RUNS', os.environ.get('OTHER_HOOK_RUNS'))",
+                   flag=True, pythonpath=path)
+    assert proc.returncode == 0, proc.stderr
+    assert "RUNS 1" in proc.stdout and "KIND driver" in proc.stdout, (proc.stdout, proc.stderr)
+    assert "Error" not in proc.stderr, proc.stderr
+
+
 def test_a_failing_shadowed_sitecustomize_does_not_stop_activation(tmp_path):
     other = tmp_path / "other"
     other.mkdir()

@@ -12,8 +12,8 @@ Python inherits both. Python imports ``sitecustomize`` after site processing (fu
 ``sys.path``, ``.pth`` files done, ``sys.argv`` set) and before the main script or
 ``multiprocessing``'s spawn entry runs. This module
 
-1. runs the ``sitecustomize`` it shadows, if any (the next one on ``sys.path``), so
-   the environment behaves as without us;
+1. runs the ``sitecustomize`` it shadows, if any (the first one in a ``sys.path``
+   entry after this folder), so the environment behaves as without us;
 2. activates speculators-compat only if the flag is set (otherwise it costs one
    ``os.environ`` look-up), choosing the process kind in
    :func:`speculators_compat._bootstrap.start`.
@@ -37,11 +37,16 @@ def _same_dir(entry):
 
 
 def _chain():
-    """Execute the ``sitecustomize`` this one shadows (the next on sys.path), if any."""
+    """Execute the ``sitecustomize`` this one shadows, if any: the first one in a
+    ``sys.path`` entry AFTER this folder (what Python would have imported without us).
+    Only later entries, so that two hooks of this kind that chain (another tool's and
+    ours) can never run each other in a loop."""
     import importlib.machinery
     import importlib.util
 
-    rest = [p for p in sys.path if not _same_dir(p)]
+    mine = [i for i, p in enumerate(sys.path) if _same_dir(p)]
+    rest = sys.path[mine[0] + 1:] if mine else list(sys.path)
+    rest = [p for p in rest if not _same_dir(p)]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
         return
