@@ -3,9 +3,19 @@
 Why: to show that hidden states captured from vLLM (through speculators' generator, on old or new
 vLLM) are the real per-layer outputs of the verifier, compare them with an independent forward pass
 of the same checkpoint in transformers.  vLLM's CPU backend runs bf16, so the reference runs bf16
-too, and the default tolerances are ones bf16 kernel differences were found to stay within on this
-project's tiny checkpoints: minimum per-token cosine >= 0.99 and maximum absolute error <= 5 % of
-the reference's largest absolute value.
+too.  The default tolerances are set from what correct runs achieve, with margin, and are far from
+what wrong results give (measured 2026-12-01 on the CI envs, vLLM 0.16/0.32 x speculators
+0.3.0/0.4.0.1, llama / qwen3_moe / deepseek_v3 checkpoints):
+
+* minimum per-token cosine >= 0.999 (correct: >= 0.99993 for llama and qwen3_moe, 0.99913 for
+  deepseek_v3's MLA in the support matrix; wrong: <= 0.91 for a neighbouring layer, swapped rows,
+  rows one position late or a missing residual);
+* relative L2 error ``||a - e|| / ||e||`` per layer <= 2 % (correct: <= 0.95 %; wrong: >= 13 %);
+* maximum absolute error <= 5 % of the reference's largest absolute value, an outlier guard
+  (correct: <= 1.8 % on the CI envs, 2.7 % for deepseek_v3, 4.2 % on vLLM 0.12's CPU kernels in
+  the support matrix).
+
+``demo.runner.known_wrong_compares`` re-checks on every end-to-end run that the wrong kinds fail.
 """
 
 from __future__ import annotations
@@ -19,8 +29,9 @@ import torch
 
 __all__ = ["compare", "reference_hidden_states"]
 
-DEFAULT_MIN_COSINE = 0.99
+DEFAULT_MIN_COSINE = 0.999
 DEFAULT_MAX_REL_ABS_ERR = 0.05
+DEFAULT_MAX_REL_L2_ERR = 0.02
 
 
 def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -129,6 +140,9 @@ def _pair_stats(actual: Any, expected: Any) -> dict[str, Any]:
     cos = torch.where((na == 0) & (ne == 0), torch.ones_like(cos), cos)
     cos = torch.where((na == 0) ^ (ne == 0), torch.zeros_like(cos), cos)
     max_abs_err = float((a - e).abs().max())
+    e_norm = float(e.norm())
+    rel_l2 = float((a - e).norm()) / e_norm if e_norm > 0 else (0.0 if max_abs_err == 0
+                                                                 else math.inf)
     ref_max_abs = float(e.abs().max())
     if ref_max_abs > 0:
         rel = max_abs_err / ref_max_abs
@@ -139,6 +153,7 @@ def _pair_stats(actual: Any, expected: Any) -> dict[str, Any]:
         max_abs_err=max_abs_err,
         ref_max_abs=ref_max_abs,
         rel_max_abs_err=rel,
+        rel_l2_err=rel_l2,
     )
     return stats
 
@@ -149,26 +164,30 @@ def compare(
     *,
     min_cosine: float = DEFAULT_MIN_COSINE,
     max_rel_abs_err: float = DEFAULT_MAX_REL_ABS_ERR,
+    max_rel_l2_err: float = DEFAULT_MAX_REL_L2_ERR,
 ) -> dict[str, Any]:
     """Compare captured hidden states with reference ones, sequence by sequence, layer by layer.
 
     ``actual`` and ``expected`` are nested as ``[sequence][layer] -> tensor [tokens, hidden]`` (the
     shape :func:`reference_hidden_states` returns).  Everything is compared in float32.  For every
     pair it reports the minimum per-token cosine similarity, the maximum absolute error, the
-    reference's maximum absolute value and their ratio.  A pair passes when the shapes match, all
-    values are finite, ``min_cosine >= min_cosine`` and ``rel_max_abs_err <= max_rel_abs_err``.
+    reference's maximum absolute value and their ratio, and the relative L2 error
+    ``||actual - expected|| / ||expected||``.  A pair passes when the shapes match, all values are
+    finite, ``min_cosine >= min_cosine``, ``rel_max_abs_err <= max_rel_abs_err`` and
+    ``rel_l2_err <= max_rel_l2_err``.  Different numbers of sequences or of layers fail (nothing
+    is silently left out by ``zip``).
 
-    Returns ``{"ok", "reasons", "min_cosine", "max_rel_abs_err", "thresholds", "per_sequence"}``:
-    ``per_sequence[i][j]`` holds the stats of sequence i, layer position j (with ``ok`` and, on
-    failure, ``reason``); the top-level ``min_cosine`` / ``max_rel_abs_err`` are the worst values
-    over all comparable pairs (None if there were none); ``reasons`` lists every failure.
+    Returns ``{"ok", "reasons", "min_cosine", "max_rel_abs_err", "max_rel_l2_err", "per_layer",
+    "thresholds", "per_sequence"}``: ``per_sequence[i][j]`` holds the stats of sequence i, layer
+    position j (with ``ok`` and, on failure, ``reason``); the top-level values are the worst over
+    all comparable pairs (None if there were none); ``per_layer[j]`` the worst of layer position
+    j over all sequences; ``reasons`` lists every failure.
     """
     reasons: list[str] = []
     per_sequence: list[list[dict[str, Any]]] = []
     if len(actual) != len(expected):
         reasons.append(f"number of sequences differs: {len(actual)} vs {len(expected)}")
-    cos_values: list[float] = []
-    rel_values: list[float] = []
+    values: list[tuple[int, float, float, float]] = []
     for i, (seq_a, seq_e) in enumerate(zip(actual, expected)):
         rows: list[dict[str, Any]] = []
         if len(seq_a) != len(seq_e):
@@ -176,8 +195,8 @@ def compare(
         for j, (a, e) in enumerate(zip(seq_a, seq_e)):
             st = _pair_stats(a, e)
             if "reason" not in st:
-                cos, rel = st["min_cosine"], st["rel_max_abs_err"]
-                if not (math.isfinite(cos) and math.isfinite(rel)):
+                cos, rel, l2 = st["min_cosine"], st["rel_max_abs_err"], st["rel_l2_err"]
+                if not all(math.isfinite(v) for v in (cos, rel, l2)):
                     st.update(ok=False, reason=f"non-finite values (cosine {cos}, rel err {rel})")
                 elif cos < min_cosine:
                     st.update(ok=False, reason=f"min cosine {cos:.6f} < {min_cosine}")
@@ -185,23 +204,36 @@ def compare(
                     st.update(
                         ok=False, reason=f"max abs err {rel:.4%} of ref max > {max_rel_abs_err:.2%}"
                     )
+                elif l2 > max_rel_l2_err:
+                    st.update(ok=False, reason=f"relative L2 error {l2:.4%} > {max_rel_l2_err:.2%}")
                 else:
                     st["ok"] = True
-                cos_values.append(cos)
-                rel_values.append(rel)
+                values.append((j, cos, rel, l2))
             if not st["ok"]:
                 reasons.append(f"sequence {i}, layer position {j}: {st['reason']}")
             rows.append(st)
         per_sequence.append(rows)
+
     # NaN counts as the worst value so that it shows up in the summary.
-    worst_cos = min(cos_values, key=lambda c: -math.inf if math.isnan(c) else c, default=None)
-    worst_rel = max(rel_values, key=lambda r: math.inf if math.isnan(r) else r, default=None)
+    def lowest(xs):
+        return min(xs, key=lambda c: -math.inf if math.isnan(c) else c, default=None)
+
+    def highest(xs):
+        return max(xs, key=lambda r: math.inf if math.isnan(r) else r, default=None)
+
+    per_layer = [{"min_cosine": lowest([v[1] for v in values if v[0] == j]),
+                  "max_rel_abs_err": highest([v[2] for v in values if v[0] == j]),
+                  "max_rel_l2_err": highest([v[3] for v in values if v[0] == j])}
+                 for j in sorted({v[0] for v in values})]
     return {
         "ok": not reasons,
         "reasons": reasons,
-        "min_cosine": worst_cos,
-        "max_rel_abs_err": worst_rel,
-        "thresholds": {"min_cosine": min_cosine, "max_rel_abs_err": max_rel_abs_err},
+        "min_cosine": lowest([v[1] for v in values]),
+        "max_rel_abs_err": highest([v[2] for v in values]),
+        "max_rel_l2_err": highest([v[3] for v in values]),
+        "per_layer": per_layer,
+        "thresholds": {"min_cosine": min_cosine, "max_rel_abs_err": max_rel_abs_err,
+                       "max_rel_l2_err": max_rel_l2_err},
         "per_sequence": per_sequence,
     }
 

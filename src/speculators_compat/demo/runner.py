@@ -37,11 +37,60 @@ def runner_request_count(worker) -> int:
     return len(runner.req_states.req_id_to_index)
 
 
+def worker_classes(worker) -> list[str]:
+    """``module.qualname`` of every class in the worker's MRO: asked of the workers (with
+    ``collective_rpc``) to see which hidden-states extension vLLM really mixed in."""
+    return [f"{c.__module__}.{c.__qualname__}" for c in type(worker).__mro__]
+
+
 def capture_restarts(worker) -> int | None:
     """Prompts the worker's capture restarted since the last ``generate()`` began
     (recomputed after a preemption); ``None`` where the shim's capture is not running."""
     cap = getattr(worker, "_compat_capture", None)
     return None if cap is None else cap.restarts
+
+
+def known_wrong_compares(model_path: str, sequences, actual, layers) -> dict[str, Any]:
+    """The reference comparison of deliberately wrong results (``compare``'s summary
+    per kind of mistake, and of the correct result as ``correct``).
+
+    Each wrong one must fail (``ok`` False): otherwise the tolerances are too loose to
+    see that kind of mistake. The wrong results are the kinds of bugs a
+    capture could have: the neighbouring layer's output (off-by-one layer id); two rows
+    of one sequence swapped, and every row one position late (misattributed rows); the
+    layer's own update without the residual stream it adds to (``hidden_states``
+    without ``+ residual``), for layers above 0.
+    """
+    import transformers
+
+    from .reference import compare, reference_hidden_states
+
+    n_layers = transformers.AutoConfig.from_pretrained(model_path).num_hidden_layers
+    wanted = sorted(set(layers) | {k + 1 if k + 1 < n_layers else k - 1 for k in layers}
+                    | {k - 1 for k in layers if k > 0})
+    ref_all = reference_hidden_states(model_path, sequences, wanted)
+    pos = {k: i for i, k in enumerate(wanted)}
+    ref = [[per[pos[k]] for k in layers] for per in ref_all]
+    out: dict[str, Any] = {"correct": compare(actual, ref)}
+    neighbour = [k + 1 if k + 1 < n_layers else k - 1 for k in layers]
+    out["off_by_one_layer"] = compare(
+        actual, [[per[pos[k]] for k in neighbour] for per in ref_all])
+    longest = max(range(len(actual)), key=lambda i: actual[i][0].shape[0])
+    swapped = [list(seq) for seq in actual]
+    swapped[longest] = [t[[1, 0, *range(2, t.shape[0])]] for t in actual[longest]]
+    out["two_rows_swapped"] = compare(swapped, ref)
+    out["rows_one_late"] = compare([[torch_roll(t) for t in seq] for seq in actual], ref)
+    if any(k > 0 for k in layers):
+        no_residual = [[per[pos[k]] - per[pos[k - 1]] if k > 0 else per[pos[k]]
+                        for k in layers] for per in ref_all]
+        out["missing_residual"] = compare(actual, no_residual)
+    return out
+
+
+def torch_roll(t):
+    import torch
+
+    return torch.roll(t, shifts=1, dims=0)
 
 
 class StepFailed(Exception):
@@ -72,7 +121,7 @@ class _Steps:
 def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequence[Sequence[
         Sequence[int]]], activate: bool = True, max_model_len: int = 512,
         generator_kwargs: dict[str, Any] | None = None, log=print,
-        extra_checks=None, setup=None) -> dict[str, Any]:
+        extra_checks=None, setup=None, known_wrong: bool = False) -> dict[str, Any]:
     """Extract hidden states for each batch and compare with transformers.
 
     Returns a JSON-able dict: ``ok``, ``steps`` (each with ok/error), ``report`` (the
@@ -80,7 +129,9 @@ def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequ
     order check, comparison summary, tokens/s). ``setup(gen)`` runs once the generator
     is built, before the first batch (tests use it to shrink the KV cache);
     ``extra_checks(gen, outputs)`` after the last batch; what they return is reported
-    as ``setup`` / ``extra``.
+    as ``setup`` / ``extra``. ``known_wrong``: also compare the largest batch's result
+    in deliberately wrong ways (see :func:`known_wrong_compares`) and report whether
+    each passed; every one must fail, or the comparison could not tell.
     """
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     steps = _Steps(log)
@@ -109,6 +160,9 @@ def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequ
                 result["worker_reports"] = steps(
                     "ask vLLM workers for their activation report",
                     gen.executor.collective_rpc, worker_report)
+            result["worker_classes"] = steps(
+                "ask vLLM workers for their class hierarchy",
+                gen.executor.collective_rpc, worker_classes)
             if setup is not None:
                 result["setup"] = steps("test setup", setup, gen)
             outputs = []
@@ -142,6 +196,16 @@ def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequ
             info["ok"] = bool(cmp["ok"] and info["input_order"]
                               and info["returned"] == info["size"])
             info["tokens_per_s"] = info["tokens"] / info["seconds"] if info["seconds"] else None
+        if known_wrong and outputs:
+            b = max(range(len(batches)), key=lambda i: len(batches[i]))
+            seqs = [list(s)[: max_model_len - 1] for s in batches[b]]
+            found = steps(
+                f"known-wrong comparisons on batch {b}", known_wrong_compares, model_path,
+                seqs, [r["hidden_states"] for r in outputs[b]], layers)
+            result["known_wrong"] = {k: v["ok"] for k, v in found.items()}
+            result["known_wrong_stats"] = {
+                k: {m: v[m] for m in ("min_cosine", "max_rel_abs_err", "max_rel_l2_err")}
+                for k, v in found.items()}
         result["ok"] = all(b.get("ok") for b in result["batches"]) and bool(result["batches"])
     except StepFailed as exc:
         result["failed_step"] = exc.step
