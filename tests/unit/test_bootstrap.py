@@ -80,6 +80,11 @@ def test_write_report_false_writes_no_report_file(toy, monkeypatch, tmp_path):
     (["script.py", "--x"], ["py", "script.py", "--x"], "driver"),
     (["-c"], ["py", "-c", "print(1)"], "driver"),
     (["-m"], ["py", "-m", "pip", "list"], "driver"),
+    (["-m"], ["py", "-m", "vllm.model_executor.models.registry"], "worker"),
+    (["-m"], ["py", "-m", "torch._inductor.compile_worker", "--x"], None),
+    (["gen.py", "-m", "vllm.x"], ["py", "-B", "-X", "utf8", "gen.py", "-m", "vllm.x"], "driver"),
+    (["-c"], ["py", "-W", "ignore", "-c", "from multiprocessing.resource_tracker import main"],
+     None),
 ])
 def test_process_kind(argv, orig, kind):
     assert _bootstrap.process_kind(argv, orig) == kind

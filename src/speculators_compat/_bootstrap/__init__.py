@@ -27,6 +27,11 @@ _HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_track
             "multiprocess.resource_tracker")
 #: ``-c`` program of the forkserver, whose forked children are worker processes.
 _FORKSERVERS = ("multiprocessing.forkserver", "multiprocess.forkserver")
+#: ``-m`` modules of vLLM's own helper processes (e.g. ``vllm.model_executor.models.registry``,
+#: which vLLM runs in a subprocess to inspect a model class): worker-phase adapters only.
+_VLLM_MODULES = ("vllm.",)
+#: ``-m`` modules of helpers that never import speculators (torch's compile workers).
+_NO_ACTIVATION_MODULES = ("torch.", "triton.")
 
 
 def on_pythonpath(value: str | None = None) -> bool:
@@ -60,7 +65,10 @@ def process_kind(argv: list[str] | None = None, orig_argv: list[str] | None = No
     ``"worker"``: a ``multiprocessing`` spawn child (``--multiprocessing-fork``), which
     is what vLLM's worker and engine-core processes are (as are spawn children of any
     other library); it gets the worker-phase adapters, like the plugin gives them. So
-    does a ``forkserver`` (its forked children are workers).
+    do a ``forkserver`` (its forked children are workers) and vLLM's own helper
+    processes started as ``python -m vllm....`` (its model-registry inspection): they
+    do not run speculators' generator, and a full activation would import it there.
+    ``None`` too for ``python -m torch...`` / ``triton...`` helpers (compile workers).
     ``None``: a multiprocessing helper that never runs user code (resource tracker):
     nothing to do. ``"driver"``: any other Python (a script the user's code starts):
     it may run speculators' generator itself, so it gets the whole activation.
@@ -69,13 +77,31 @@ def process_kind(argv: list[str] | None = None, orig_argv: list[str] | None = No
     orig_argv = list(getattr(sys, "orig_argv", argv)) if orig_argv is None else orig_argv
     if "--multiprocessing-fork" in argv or "--multiprocessing-fork" in orig_argv:
         return "worker"
-    if "-c" in orig_argv:
-        code = orig_argv[orig_argv.index("-c") + 1:][:1]
-        if code and any(h in code[0] for h in _HELPERS):
-            return None
-        if code and any(h in code[0] for h in _FORKSERVERS):
-            return "worker"
+    how, what = _launch(orig_argv)
+    if how == "-c" and any(h in what for h in _HELPERS):
+        return None
+    if how == "-c" and any(h in what for h in _FORKSERVERS):
+        return "worker"
+    if how == "-m" and what.startswith(_NO_ACTIVATION_MODULES):
+        return None
+    if how == "-m" and what.startswith(_VLLM_MODULES):
+        return "worker"
     return "driver"
+
+
+def _launch(orig_argv: list[str]) -> tuple[str, str]:
+    """(``"-c"``, code) / (``"-m"``, module) / (``"script"``, path) from the interpreter's
+    own command line; options before them are skipped (the script's arguments are not
+    looked at)."""
+    args = iter(orig_argv[1:])
+    for a in args:
+        if a in ("-c", "-m"):
+            return a, next(args, "")
+        if a in ("-W", "-X", "--check-hash-based-pycs"):
+            next(args, None)
+        elif not a.startswith("-") or a == "-":
+            return "script", a
+    return "script", ""
 
 
 def start() -> None:
