@@ -20,6 +20,8 @@ refuses further calls. On an interrupt (``KeyboardInterrupt`` or any other
 propagates at once. ``__init__`` is wrapped to remember the generators built while
 active; ``deactivate()`` marks those still alive unusable (their ``generate()`` raises).
 Applies when: speculators' in-process generator is installed.
+Fails closed: when its probe finds an unknown shape or raises, building the generator
+and ``generate()`` raise ``CompatError`` (opt out: ``SPECULATORS_COMPAT_DISABLE=generate_guard``).
 Remove when: speculators < 0.5 support is dropped.
 """
 

@@ -20,6 +20,8 @@ extension a live generator's workers really run is asked from the workers themse
 (``running_extensions``): ``generate_guard`` refuses a generator whose workers run
 another one than the current activation names (one built before ``activate()``).
 Applies when: the installed vLLM has any of the changes above.
+Fails closed: when its probe finds an unknown shape or raises, building the generator
+and ``generate()`` raise ``CompatError`` (opt out: ``SPECULATORS_COMPAT_DISABLE=hook_capture``).
 Remove when: speculators < 0.5 support is dropped.
 """
 

@@ -11,6 +11,9 @@ This changes upstream 0.4.x's observable order for batches of 11+ (to the docume
 one); the report says so.
 Applies when: the installed generator sorts request ids (speculators 0.4.x); when its
 source cannot be read the probe reports a mismatch (fail closed: the generator refuses).
+Fails closed: when its probe finds an unknown shape or raises, building the generator
+and ``generate()`` raise ``CompatError`` (opt out:
+``SPECULATORS_COMPAT_DISABLE=result_order_natural``).
 Remove when: speculators 0.4.x support is dropped.
 """
 

@@ -19,6 +19,9 @@ track ``num_computed_tokens`` / ``num_prompt_tokens`` (V1 scheduler), except for
 speculators 0.3.x on a vLLM whose ``SchedulerConfig`` leaves chunked prefill off by
 default (0.11.x, 0.3.0's own pin): 0.3's loop then finishes every request it scheduled
 and no prompt is ever split, so nothing is lost.
+Fails closed: when its probe finds an unknown shape or raises, building the generator
+and ``generate()`` raise ``CompatError`` (opt out:
+``SPECULATORS_COMPAT_DISABLE=scheduler_prefill_only``).
 Remove when: speculators < 0.5 support is dropped.
 """
 
