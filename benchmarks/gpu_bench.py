@@ -54,6 +54,7 @@ import platform
 import random
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -172,6 +173,13 @@ def _runner_info(worker) -> dict:
     r = getattr(worker, "model_runner", None)
     t = type(r)
     return {"runner": f"{t.__module__}.{t.__name__}", "pid": os.getpid()}
+
+
+def _worker_report():
+    """The shim's per-worker activation report function (what its workers did and why)."""
+    from speculators_compat._plugin import worker_report
+
+    return worker_report
 
 
 def _write_json(path: Path, obj) -> None:
@@ -392,6 +400,7 @@ def child_a(p: dict) -> None:
     run(warm)
     res["warmup_s"] = time.perf_counter() - t
     res["rss_after_warmup_kib"] = _rss_kib().get("vmrss_kib")
+    _emit(p, res)  # start-up numbers survive a child stopped mid-pass
     tokens = sum(len(s) for s in seqs)
     for size in _batch_order(p):
         ps = _Pass(size)
@@ -424,6 +433,7 @@ def child_b(p: dict) -> None:
                                     max_model_len=p["max_model_len"], **kwargs)
     res["startup_s"] = time.perf_counter() - t
     res["workers"] = _try(lambda: gen.executor.collective_rpc(_runner_info))
+    res["worker_reports"] = _try(lambda: gen.executor.collective_rpc(_worker_report()))
     res["rss_after_start_kib"] = _rss_kib().get("vmrss_kib")
 
     def run(batch):
@@ -434,6 +444,9 @@ def child_b(p: dict) -> None:
             if len(r["hidden_states"]) != len(p["layers"]):
                 raise RuntimeError(f"{len(r['hidden_states'])} layers returned, expected "
                                    f"{len(p['layers'])}")
+            if any(h.device.type != "cpu" for h in r["hidden_states"]):
+                raise RuntimeError("hidden states not on the CPU (upstream format: CPU "
+                                   "tensors)")
             if r["input_ids"].tolist() != list(s):
                 raise RuntimeError("results not in input order (input_ids differ)")
         return out
@@ -443,6 +456,7 @@ def child_b(p: dict) -> None:
     res["warmup_s"] = time.perf_counter() - t
     gc.collect()
     res["rss_after_warmup_kib"] = _rss_kib().get("vmrss_kib")
+    _emit(p, res)  # start-up numbers survive a child stopped mid-pass
     tokens = sum(len(s) for s in seqs)
     check = None
     for size in _batch_order(p):
@@ -532,6 +546,7 @@ def child_c(p: dict) -> None:
     res["warmup_s"] = time.perf_counter() - t
     gc.collect()
     res["rss_after_warmup_kib"] = _rss_kib().get("vmrss_kib")
+    _emit(p, res)  # start-up numbers survive a child stopped mid-pass
     tokens = sum(len(s) for s in seqs)
     check = None
     for size in _batch_order(p):
@@ -708,6 +723,22 @@ class Parent:
             d.mkdir(parents=True, exist_ok=True)
         self.doc: dict = {"kind": "gpu_bench", "argv": sys.argv[1:], "runs": [],
                           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        self.current: subprocess.Popen | None = None
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._stop)
+
+    def _stop(self, signum, _frame) -> None:
+        """Stopped from outside: the running child runs in its own session (so that its
+        engine processes can be ended together), so end it here, or it would outlive us
+        holding the GPU."""
+        if self.current is not None:
+            try:
+                os.killpg(self.current.pid, 9)
+            except OSError:
+                pass
+        self.doc["interrupted"] = f"signal {signum}"
+        self.save()
+        sys.exit(128 + signum)
 
     def remaining(self) -> float:
         return self.a.deadline - (time.time() - self.t0)
@@ -725,7 +756,8 @@ class Parent:
             pp.append(self.a.site)
         env["PYTHONPATH"] = os.pathsep.join(pp)
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a function
+        if not mode.startswith("b:"):  # LLM.collective_rpc with a function needs it
+            env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.pop("SPECULATORS_COMPAT_ACTIVE", None)
@@ -748,15 +780,19 @@ class Parent:
                                      str(pfile)], env=self.env_for(mode), stdout=lf,
                                     stderr=subprocess.STDOUT, cwd=str(self.work),
                                     start_new_session=True)
+            self.current = proc
             try:
                 rc = proc.wait(timeout=max(timeout, 1))
             except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, 9)
-                except OSError:
-                    pass
-                proc.wait()
                 rc = "timeout"
+            # The child's own session: whatever of it is left (an engine core or worker
+            # still holding GPU memory, or all of it after a timeout) goes before the next.
+            try:
+                os.killpg(proc.pid, 9)
+            except OSError:
+                pass
+            proc.wait()
+            self.current = None
         res = None
         if rfile.exists():
             try:
@@ -791,6 +827,8 @@ class Parent:
         modes = expand_modes(a.modes, a.spec)
         sizes = [int(x) for x in cfg["batches"].split(",")]
         toks = make_tokens(cfg, cfg["model"]["vocab_size"], max(sizes), a.seed)
+        for left in Path(a.c_storage or (self.work / "c-store")).glob("c-*"):
+            shutil.rmtree(left, ignore_errors=True)  # files of a (c) child killed earlier
         tok_file = self.work / "tokens.json"
         _write_json(tok_file, {"seqs": toks["seqs"], "warmup": toks["warmup"]})
         ckpt_name = "llama3-8b-shape" if not a.tiny else "llama-tiny"
@@ -846,7 +884,10 @@ class Parent:
         self.doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.doc["wall_s"] = time.time() - self.t0
         self.save()
-        print(render_markdown([self.doc]), flush=True)
+        try:
+            print(render_markdown([self.doc]), flush=True)
+        except Exception:  # noqa: BLE001 - the data is saved; rendering is a courtesy here
+            traceback.print_exc()
         ok = all(r.get("ok") for r in self.doc["runs"]) and (
             not checks or self.doc.get("correctness", {}).get("ok"))
         return 0 if ok else 1
@@ -869,7 +910,7 @@ def summary_line(r: dict) -> str:
                          r.get("pairs", {}).items()) or r.get("error", "no check files")
     parts = [f"start {r['startup_s']:.0f}s" if r.get("startup_s") else ""]
     for ps in r.get("passes", []):
-        parts.append(f"b{ps['batch']}: {ps['tokens_per_s']:,.0f} tok/s")
+        parts.append(f"b{ps['batch']}: {ps.get('tokens_per_s') or 0:,.0f} tok/s")
     if not r.get("ok"):
         parts.append(str(r.get("error", ""))[:300])
     return ", ".join(x for x in parts if x)
@@ -1189,7 +1230,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="leave chunked prefill on in (c) (vLLM's example turns it off)")
     p.add_argument("--c-layer-offset", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--c-storage", default=None, help="(c)'s shared_storage_path parent")
-    p.add_argument("--deadline", type=float, default=540, help="seconds for the whole run")
+    p.add_argument("--deadline", type=float, default=530, help="seconds for the whole run")
     p.add_argument("--timeout", type=float, default=420, help="seconds per child")
     p.add_argument("--min-child", type=float, default=60,
                    help="do not start a child with less time than this left")

@@ -462,7 +462,8 @@ def _write_fast_checkpoint(
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model = model.to_empty(device=device)
     _init_fast(model, float(config.initializer_range), seed, device)
-    model.eval().save_pretrained(str(out), safe_serialization=True)
+    # 5 GB shards, as published 8B checkpoints have (bounded host memory while saving).
+    model.eval().save_pretrained(str(out), safe_serialization=True, max_shard_size="5GB")
     del model
     _ensure_routing_bias(out, config)
     tokenizer = build_word_tokenizer(config.vocab_size, config.max_position_embeddings)
