@@ -197,6 +197,12 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
         # directly; but on CPU, building a VllmConfig sets it as a side effect.
         lambda e: _status(not e.cpu_platform),
         "the generator starts MultiprocExecutor itself; fork breaks with CUDA initialised"),
+    "shm_transport": (
+        # Follows hook_capture (the shim's extension answers its RPCs); this machine has
+        # memfd_create and a readable /proc/<pid>/fd.
+        lambda e: _status(e.vllm >= (V("0.11.1.dev0") if e.speculators_03
+                                     else V("0.12.0.dev0"))),
+        "vLLM pickles collective_rpc replies (CUDA tensors through torch.save)"),
     "generate_guard": (
         # speculators' own generate() hazard, independent of the vLLM release.
         lambda e: _status(e.speculators < V("0.5.0.dev0")),
@@ -1161,6 +1167,35 @@ def _legacy_collective_rpc(base, gen, cfg, adapter):
         _check_executor_shim(gen, MultiprocExecutor, applied, {"collective_rpc"})
         # vLLM's own executor keeps its convention.
         assert returns_single_result(MultiprocExecutor) is single
+
+
+@legacy("shm_transport")
+def _legacy_shm_transport(base, gen, cfg, adapter):
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    from speculators_compat import _transport
+    from speculators_compat.adapters.collective_rpc_unique_reply import returns_single_result
+    from speculators_compat.adapters.shm_transport import (
+        CAPTURED_STATES_RPC,
+        RESET_CAPTURE_RPC,
+    )
+
+    # The calls it answers, as speculators makes them.
+    src = inspect.getsource(gen)
+    assert f'"{CAPTURED_STATES_RPC}",\n            unique_reply_rank=0' in src
+    assert f'self.executor.collective_rpc("{RESET_CAPTURE_RPC}")' in src
+    assert _transport.unavailable_reason() is None  # Linux CI: memfd + /proc/<pid>/fd
+    single = returns_single_result(MultiprocExecutor)
+    init = gen.VllmHiddenStatesGenerator.__init__
+    with one(base, adapter) as applied:
+        _check_executor_shim(gen, MultiprocExecutor, applied,
+                             {"collective_rpc", "shutdown"} if applied else set())
+        if applied:
+            # Later probes (collective_rpc_unique_reply) still read vLLM's signature and
+            # docstring through the shim, and vLLM's own executor is unchanged.
+            assert returns_single_result(gen.MultiprocExecutor) is single
+            assert gen.VllmHiddenStatesGenerator.__init__ is not init
+    assert gen.VllmHiddenStatesGenerator.__init__ is init
 
 
 @legacy("executor_warmup_split")
