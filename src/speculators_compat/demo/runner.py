@@ -39,8 +39,11 @@ def runner_request_count(worker) -> int:
 
 def worker_classes(worker) -> list[str]:
     """``module.qualname`` of every class in the worker's MRO: asked of the workers (with
-    ``collective_rpc``) to see which hidden-states extension vLLM really mixed in."""
-    return [f"{c.__module__}.{c.__qualname__}" for c in type(worker).__mro__]
+    ``collective_rpc``) to see which hidden-states extension vLLM really mixed in. Some
+    releases hand the function their ``WorkerWrapperBase``, whose ``worker`` is the
+    worker itself."""
+    inner = getattr(worker, "worker", None) or worker
+    return [f"{c.__module__}.{c.__qualname__}" for c in type(inner).__mro__]
 
 
 def capture_restarts(worker) -> int | None:
