@@ -652,7 +652,11 @@ def child_compare(p: dict) -> None:
     for i, b1 in enumerate(bs):
         for b2 in bs[i + 1:]:
             pairs[f"{b1} vs {b2}"] = compare_files(names[b1], names[b2], p["layers"])
-    res = {"mode": "compare", "files": sorted(names), "pairs": pairs,
+    files = {n: {"mtime": time.strftime("%Y-%m-%dT%H:%M:%S%z",
+                                        time.localtime(os.path.getmtime(f))),
+                 "from_earlier_call": os.path.getmtime(f) < p["call_started"]}
+             for n, f in names.items()}
+    res = {"mode": "compare", "files": files, "pairs": pairs,
            "ok": bool(pairs) and all(v.get("ok") for v in pairs.values())}
     _write_json(Path(p["result"]), res)
 
@@ -805,7 +809,8 @@ class Parent:
             res["round"] = params["round"]
         if rc != 0 or not res.get("ok"):
             res["ok"] = False
-            res.setdefault("error", f"child exited with {rc} and no result")
+            res.setdefault("error", f"child exited with {rc}" + (
+                " after the passes listed" if res.get("passes") else " and no result"))
             res["log_tail"] = lfile.read_text(errors="replace")[-CHILD_LOG_TAIL:]
         print(f"[{time.time() - self.t0:6.0f}s] {'ok  ' if res.get('ok') else 'FAIL'} {tag} "
               f"{summary_line(res)}", flush=True)
@@ -878,7 +883,7 @@ class Parent:
                 self.doc["runs"].append(res)
                 self.save()
         if checks:
-            cmp_ = self.run_child("compare", {**base, "round": 0},
+            cmp_ = self.run_child("compare", {**base, "round": 0, "call_started": self.t0},
                                   max(min(a.reserve_compare, self.remaining()), 20))
             self.doc["correctness"] = cmp_
         self.doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -1088,6 +1093,11 @@ def render_markdown(docs: list[dict]) -> str:
         where = f"file {fi + 1}: " if len(agg["correctness"]) > 1 else ""
         if not c.get("pairs"):
             lines.append(f"- {where}no pairs compared: {c.get('error') or c.get('files')}")
+        files = c.get("files") if isinstance(c.get("files"), dict) else {}
+        earlier = sorted(n for n, f in files.items()
+                         if isinstance(f, dict) and f.get("from_earlier_call"))
+        if earlier:
+            lines.append(f"- {where}check files from an earlier call: {', '.join(earlier)}")
         for name, v in c.get("pairs", {}).items():
             name = where + name
             if "per_layer" not in v:
