@@ -7,10 +7,11 @@ too.  The default tolerances are set from what correct runs achieve, with margin
 what wrong results give (measured 2026-12-01 on the CI envs, vLLM 0.16/0.32 x speculators
 0.3.0/0.4.0.1, llama / qwen3_moe / deepseek_v3 checkpoints):
 
-* minimum per-token cosine >= 0.999 (correct: >= 0.99993 for llama and qwen3_moe, 0.99913 for
-  deepseek_v3's MLA in the support matrix; wrong: <= 0.91 for a neighbouring layer, swapped rows,
+* minimum per-token cosine >= 0.998 (correct: >= 0.99993 for llama and qwen3_moe, 0.99913 to
+  0.99916 for deepseek_v3's MLA layer 0; wrong: <= 0.91 for a neighbouring layer, swapped rows,
   rows one position late or a missing residual);
-* relative L2 error ``||a - e|| / ||e||`` per layer <= 2 % (correct: <= 0.95 %; wrong: >= 13 %);
+* relative L2 error ``||a - e|| / ||e||`` per layer <= 4 % (correct: <= 0.95 % for llama and
+  qwen3_moe, 2.1 % for deepseek_v3's layer 0; wrong: >= 13 %);
 * maximum absolute error <= 5 % of the reference's largest absolute value, an outlier guard
   (correct: <= 1.8 % on the CI envs, 2.7 % for deepseek_v3, 4.2 % on vLLM 0.12's CPU kernels in
   the support matrix).
@@ -29,9 +30,9 @@ import torch
 
 __all__ = ["compare", "reference_hidden_states"]
 
-DEFAULT_MIN_COSINE = 0.999
+DEFAULT_MIN_COSINE = 0.998
 DEFAULT_MAX_REL_ABS_ERR = 0.05
-DEFAULT_MAX_REL_L2_ERR = 0.02
+DEFAULT_MAX_REL_L2_ERR = 0.04
 
 
 def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
