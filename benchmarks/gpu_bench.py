@@ -475,11 +475,18 @@ def child_b(p: dict) -> None:
             check = _save_check(p, _check_name(p["mode"]), first)
             res["check_file"] = check
         ps.extra["dtype"] = str(first[0][0].dtype) if first else None
+        ps.extra["transport"] = _try(lambda: gen.executor.collective_rpc(_transport_stats))
         del first
         res["passes"].append(ps.finish(tokens))
         _emit(p, res)
     res["ok"] = True
     _emit(p, res)
+
+
+def _transport_stats(worker) -> dict | None:
+    """Runs in each vLLM worker: the shared-memory transport's counters (cumulative)."""
+    exporter = getattr(worker, "_compat_exporter", None)
+    return None if exporter is None else dict(exporter.stats, segments=len(exporter.segments))
 
 
 def child_c(p: dict) -> None:

@@ -34,6 +34,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from typing import Any
@@ -164,7 +165,8 @@ class ShmExporter:
         self._stream = None
         #: How replies went: ``streamed`` (rows copied while the model ran), ``copied``
         #: (copied at the end), ``pieces`` (a batch larger than the pool).
-        self.stats = {"streamed": 0, "copied": 0, "pieces": 0}
+        self.stats = {"streamed": 0, "copied": 0, "pieces": 0, "pinned": 0, "unpinned": 0,
+                      "write_s": 0.0, "wait_s": 0.0}
 
     # -- pool ----------------------------------------------------------------------
     def release(self, sids) -> None:
@@ -193,6 +195,7 @@ class ShmExporter:
             if total + size > self.pool_bytes:
                 return None
         seg = _Segment(self._next_sid, size)
+        self.stats["pinned" if seg.pinned else "unpinned"] += 1
         self._next_sid += 1
         self.segments[seg.sid] = seg
         seg.used = nbytes
@@ -359,6 +362,7 @@ class StreamingSink:
         """``entries``: (request id, prompt position, rows) of one layer in one step."""
         if not self.ok:
             return
+        t0 = time.perf_counter()
         try:
             if self.dst is None:
                 self._allocate(entries[0][2])
@@ -386,10 +390,13 @@ class StreamingSink:
         else:
             for dst, rows in pairs:
                 dst.copy_(rows)
+        self.exporter.stats["write_s"] += time.perf_counter() - t0
 
     def wait(self) -> None:
         if self._cuda:
+            t0 = time.perf_counter()
             self.exporter.side_stream().synchronize()
+            self.exporter.stats["wait_s"] += time.perf_counter() - t0
 
     def describe(self, order: list[str], lengths: dict[str, int]) -> dict | None:
         """The descriptor of the streamed rows when they are exactly what the capture

@@ -43,7 +43,7 @@ def test_transport_streams_pieces_and_keeps_held_results(tp):
     assert extra["has_importer"] and extra["driver_fallback"] is None, extra
     stats = extra["worker_stats"]
     assert len(stats) == tp, stats
-    assert stats[0] == {"streamed": 2, "copied": 0, "pieces": stats[0]["pieces"]}, stats
+    assert (stats[0]["streamed"], stats[0]["copied"]) == (2, 0), stats
     assert stats[0]["pieces"] >= 2, stats  # the 64-sequence batch did not fit
     assert all(s is None for s in stats[1:]), stats  # other ranks export nothing
     assert result["shm_left"] == [], result["shm_left"]

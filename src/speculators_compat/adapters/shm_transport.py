@@ -13,7 +13,10 @@ is up) and replies with a descriptor; the driver maps it and returns CPU tensors
 installed speculators' own contract (same dtype, shapes, lists and order), views that
 stay valid as long as they are referenced (see ``speculators_compat._transport``).
 Where shared memory cannot be used, the reply carries the states pickled, as before,
-and the driver logs why. vLLM's own callers of ``collective_rpc`` see no change.
+and the driver logs why. vLLM's own callers of ``collective_rpc`` see no change. Where
+vLLM reduced the driver's intra-op threads to one (GPU platforms), ``generate()`` runs
+with the driver's original thread count, so that speculators' own copies of the
+results are not single-threaded; the reduced count is restored when it returns.
 Applies when: the shim's worker extension captures (``hook_capture`` applies) and the
 machine has ``memfd_create`` with a readable ``/proc/<pid>/fd``.
 Remove when: speculators < 0.5 support is dropped.
@@ -121,10 +124,40 @@ class ShmTransport(GeneratorAdapter):
             base, self.name, {"collective_rpc": collective_rpc, "shutdown": shutdown}))
 
         def link(wrapped, instance, args, kwargs):
+            import torch
+
+            threads = torch.get_num_threads()
             out = wrapped(*args, **kwargs)
             executor = getattr(instance, "executor", None)
             if executor is not None and hasattr(executor, "__dict__"):
                 executor.__dict__["_compat_generator"] = weakref.ref(instance)
+            if torch.get_num_threads() < threads:  # vLLM reduced them (GPU platforms)
+                instance.__dict__["_compat_copy_threads"] = threads
             return out
 
         patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", link)
+        patcher.wrap(gen.VllmHiddenStatesGenerator, "generate", _copy_threads)
+
+
+def _copy_threads(wrapped, instance, args, kwargs):
+    """Run ``generate()`` with the driver's intra-op threads as they were before vLLM's
+    executor reduced them to one (``set_multiprocessing_worker_envs``, GPU platforms),
+    and reduce them again afterwards.
+
+    Why: speculators copies every captured tensor it returns (``clone()``): gigabytes
+    per batch at real model sizes, which on one thread (memcpy plus first-touch page
+    faults) cost more than the transport saved. vLLM reduced the driver's threads so that
+    they do not compete with CPU-bound workers; its GPU workers are idle on the CPU while
+    the driver copies. On vLLM's CPU platform nothing was reduced and nothing changes.
+    """
+    threads = instance.__dict__.get("_compat_copy_threads")
+    if not threads:
+        return wrapped(*args, **kwargs)
+    import torch
+
+    reduced = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        torch.set_num_threads(reduced)
