@@ -37,9 +37,14 @@ def test_deepseek_llama_4_scaling_is_kept():
     require_speculators()
     if vllm_version() < Version("0.28.0"):
         pytest.skip("vLLM's CPU backend runs MLA from about 0.28")
+    # The reference emulates llama_4_scaling with a hook (bf16 rounding differs from
+    # vLLM's): correct results reach min cosine 0.9904, relative L2 6.6 %, max abs 4.8 %
+    # of max here (measured on vLLM 0.32), the unscaled reference 0.9707; so this test
+    # has its own tolerances between the two.
     result = run_script("generate.py", "--model", checkpoint("deepseek_v3", llama_4_scaling=L4),
                         "--layers", "0,1,3", "--batches", "3", "--min-len", "40", "--max-len", "40",
-                        "--check-unscaled-differs")
+                        "--check-unscaled-differs", "--tolerances",
+                        "min_cosine=0.985,max_rel_l2_err=0.1,max_rel_abs_err=0.07")
     _assert_ok(result)
     # The same data compared with a reference that ignores llama_4_scaling must NOT match:
     # the scaling changes these positions, so the check above is sensitive to it.

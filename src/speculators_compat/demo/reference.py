@@ -17,6 +17,9 @@ what wrong results give (measured 2026-12-01 on the CI envs, vLLM 0.16/0.32 x sp
   the support matrix).
 
 ``demo.runner.known_wrong_compares`` re-checks on every end-to-end run that the wrong kinds fail.
+One test passes its own, looser tolerances: DeepSeek with ``llama_4_scaling``, where this module's
+hook emulation of the scaling rounds differently from vLLM (correct: cosine 0.9904, relative L2
+6.6 %; the reference without the scaling: cosine 0.9707).
 """
 
 from __future__ import annotations
