@@ -25,6 +25,7 @@ Remove when: speculators < 0.5 support is dropped.
 from __future__ import annotations
 
 import functools
+import os
 import weakref
 from types import ModuleType
 
@@ -38,6 +39,10 @@ from .hook_capture import HookCapture
 #: starts a call (answered with the call's plan so rows stream while the model runs).
 CAPTURED_STATES_RPC = "_get_captured_states"
 RESET_CAPTURE_RPC = "_reset_capture"
+#: Intra-op threads of the driver during ``generate()`` where vLLM reduced them to one
+#: (0 or 1: leave vLLM's choice).
+COPY_THREADS_ENV = "SPECULATORS_COMPAT_COPY_THREADS"
+DEFAULT_COPY_THREADS = 4
 
 
 class ShmTransport(GeneratorAdapter):
@@ -131,8 +136,9 @@ class ShmTransport(GeneratorAdapter):
             executor = getattr(instance, "executor", None)
             if executor is not None and hasattr(executor, "__dict__"):
                 executor.__dict__["_compat_generator"] = weakref.ref(instance)
-            if torch.get_num_threads() < threads:  # vLLM reduced them (GPU platforms)
-                instance.__dict__["_compat_copy_threads"] = threads
+            limit = int(os.environ.get(COPY_THREADS_ENV, DEFAULT_COPY_THREADS))
+            if torch.get_num_threads() < threads and limit > 1:  # vLLM reduced them (GPU)
+                instance.__dict__["_compat_copy_threads"] = min(threads, limit)
             return out
 
         patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", link)
