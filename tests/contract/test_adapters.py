@@ -8,13 +8,14 @@ tiny checkpoint, vLLM's own ``Scheduler`` (which needs no worker) and KV-cache c
 For every adapter in ``speculators_compat.adapters.ADAPTERS`` they check:
 
 1. the probe agrees with an explicit expectation table written from
-   ``/work/shared/UPSTREAM.md`` and the installed versions (a future vLLM that changes
+   the upstream changes each adapter documents (docs/adapters.md) and the installed
+   versions (a future vLLM that changes
    shape fails here, loudly), and the adapter's declared ranges agree with it;
 2. apply-then-revert restores every touched namespace to the identical objects, and
    while active, vLLM's own modules/classes are untouched (only names the report
    lists changed);
 3. speculators' legacy call shape fails (or is wrong) on the bare release where
-   UPSTREAM.md says so, and works through the adapter's rebound name;
+   the adapter's upstream note says so, and works through the adapter's rebound name;
 4. activating everything leaves vLLM's own objects identical, strict mode included.
 
 Every activation here is a fresh ``Activation``; the package-global
@@ -115,7 +116,7 @@ def _cpu_block_size(e: Env) -> Status | None:
 
 
 def _kv_engine_sets(e: Env) -> Status:
-    # UPSTREAM.md: layout resolution "~0.29+", KVCacheConfig fields "0.29-0.32";
+    # upstream: layout resolution "~0.29+", KVCacheConfig fields "0.29-0.32";
     # verified: absent in 0.16, present in 0.32.
     return _status(e.vllm >= V("0.29.0.dev0"))
 
@@ -753,7 +754,7 @@ SCHEDULER_CONFIG_03 = dict(max_num_seqs=32, max_model_len=512, max_num_batched_t
 def _legacy_scheduler_config(base, gen, cfg, adapter):
     needed = base.env.vllm >= V("0.12.0.dev0")
     if needed:
-        # UPSTREAM.md: "ValidationError ... SchedulerConfig ... is_encoder_decoder Field
+        # upstream error text: "ValidationError ... SchedulerConfig ... is_encoder_decoder Field
         # required" (speculators 0.3.0 on 0.12+).
         with pytest.raises(Exception, match=r"(?s)is_encoder_decoder.*Field required"):
             gen.SchedulerConfig(**SCHEDULER_CONFIG_03)
@@ -917,7 +918,7 @@ def _legacy_no_gpu_kv_sizing(base, gen, cfg, adapter):
         assert gen.mem_get_info() == (0, 0)  # 0.4's own helper, CPU-only torch
     else:
         # 0.4's own helper on a CUDA build of torch without a driver (vllm 0.16 env):
-        # it asks torch.cuda and fails, not (0, 0) as UPSTREAM.md assumes.
+        # it asks torch.cuda and fails, not (0, 0) as one might assume.
         with pytest.raises((RuntimeError, AssertionError)):
             gen.mem_get_info()
     # ...and with 0 free bytes the KV cache gets 0 blocks (then `num_gpu_blocks > 0`).
@@ -973,7 +974,7 @@ def _legacy_scheduler_block_size(base, gen, cfg, adapter):
         with one(base, adapter) as applied:
             assert not applied
         return
-    # UPSTREAM.md: "Scheduler.__init__() missing 1 required positional argument:
+    # upstream error text: "Scheduler.__init__() missing 1 required positional argument:
     # 'block_size'" (0.3.0 on 0.11.1+).
     with pytest.raises(TypeError, match="missing 1 required positional argument: 'block_size'"):
         gen.Scheduler(**call_03)
@@ -1060,7 +1061,7 @@ def _legacy_request_eos(base, gen, cfg, adapter):
 
     needed = base.env.vllm >= V("0.17.0.dev0")
     if needed:
-        # UPSTREAM.md: "Request.__init__() got an unexpected keyword argument
+        # upstream error text: "Request.__init__() got an unexpected keyword argument
         # 'eos_token_id'" (0.3/0.4 on 0.17+).
         with pytest.raises(TypeError, match="unexpected keyword argument 'eos_token_id'"):
             call()
@@ -1082,7 +1083,7 @@ def _legacy_kv_cache_layout(base, gen, cfg, adapter):
     call = dict(vllm_config=fresh, kv_cache_groups=groups, available_memory=1 << 24)
     needed = has_engine_level_layout()
     if needed:
-        # UPSTREAM.md: "ValueError: KV cache layout has not been resolved yet" (0.32).
+        # upstream error text: "ValueError: KV cache layout has not been resolved yet" (0.32).
         with pytest.raises(ValueError, match="KV cache layout has not been resolved yet"):
             kv_call(gen.get_kv_cache_config_from_groups, **call)
         # The sequence the adapter replays (what EngineCore does) exists as it expects.

@@ -50,7 +50,8 @@ def _equal(a, b) -> bool:
 
 def test_by_request_round_trip_keeps_order_dtype_and_values():
     states = _states()
-    got, calls = _roundtrip(_transport.ShmExporter(chunk_bytes=SMALL), _transport.ShmImporter(), _clone(states))
+    got, calls = _roundtrip(_transport.ShmExporter(chunk_bytes=SMALL),
+                            _transport.ShmImporter(), _clone(states))
     assert calls == [False]
     assert _equal(got, states)
     assert all(t.device.type == "cpu" and t.dtype == BF16 for v in got.values() for t in v)
@@ -101,7 +102,8 @@ def test_batch_larger_than_the_pool_comes_in_pieces_into_owned_memory():
 def test_a_known_wrong_transport_is_detected():
     """The equality check above fails on a result with two rows swapped."""
     states = _states()
-    got, _ = _roundtrip(_transport.ShmExporter(chunk_bytes=SMALL), _transport.ShmImporter(), _clone(states))
+    got, _ = _roundtrip(_transport.ShmExporter(chunk_bytes=SMALL), _transport.ShmImporter(),
+                        _clone(states))
     layer = got["req_0_1"][0]
     layer[[0, 1]] = layer[[1, 0]]
     assert not _equal(got, states)
@@ -126,7 +128,7 @@ def test_streaming_sink_writes_rows_in_place_and_describes_the_contract():
         for slot in range(2):  # two "steps" per layer: first rows, then the rest
             sink.write(slot, [(rid, 0, v[slot][:2]) for rid, v in states.items()])
             sink.write(slot, [(rid, 2, v[slot][2:]) for rid, v in states.items()])
-        reply = sink.describe(list(states), {r: n for r, n in plan})
+        reply = sink.describe(list(states), dict(plan))
         assert reply is not None
         got = _transport.ShmImporter()._views(reply)
         if contract == _transport.LIST:
