@@ -26,8 +26,15 @@ if __name__ == "__main__":
 
     from speculators_compat._plugin import worker_report
 
+    from speculators_compat.adapters.cpu_block_size import cpu_accepts_16
+
+    # Same engine settings with and without activate(). Block size 16 where the CPU
+    # backend accepts it: vLLM <= 0.28's default picks its AMX kernel on CPUs that have
+    # AMX, which rejects this checkpoint's head size 64 ("Unsupported CPU attention
+    # configuration: head_dim=64 isa=0", a vLLM limit, with or without the shim).
+    extra = {"block_size": 16} if cpu_accepts_16() else {}
     llm = LLM(model=a.model, enforce_eager=True, max_model_len=256, dtype="bfloat16",
-              seed=0)
+              seed=0, **extra)
     prompts = [{"prompt_token_ids": [5 + (7 * i + j) % 400 for j in range(10 + i)]}
                for i in range(4)]
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0))
