@@ -353,53 +353,16 @@ def build_checkpoint(
     written to a sibling temporary directory and renamed into place, so an interrupted build never
     looks complete.
     """
-    if kind not in _RECIPES:
-        raise ValueError(f"unknown checkpoint kind {kind!r}; expected one of {KINDS}")
-    try:
-        json.dumps(config_overrides)
-    except TypeError as e:
-        raise TypeError(f"config_overrides must be JSON-serialisable: {e}") from None
-    path = pathlib.Path(path).expanduser().absolute()
+    _check_kind(kind, config_overrides)
     key = _stamp_key(kind, int(seed), config_overrides)
 
-    if path.exists():
-        if not path.is_dir():
-            raise FileExistsError(f"{path} exists and is not a directory")
-        if not overwrite and _is_complete(path, key):
-            return path
-        if not overwrite and any(path.iterdir()) and _read_stamp(path) is None:
-            raise FileExistsError(
-                f"{path} is not empty and was not built by build_checkpoint; "
-                "pass overwrite=True to replace it"
-            )
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.building-", dir=path.parent))
-    try:
+    def write(tmp: pathlib.Path) -> tuple[Any, dict[str, Any]]:
         files = _write_checkpoint(kind, tmp, int(seed), config_overrides)
-        stamp = {
-            "key": key,
-            "files": files,
-            "info": {
-                "torch_version": torch.__version__,
-                "tokenizers_version": _version("tokenizers"),
-                "safetensors_version": _version("safetensors"),
-            },
-        }
-        (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
-        if path.exists():
-            if not overwrite and _is_complete(path, key):  # a concurrent builder won the race
-                return path
-            trash = pathlib.Path(
-                tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent)
-            )
-            os.replace(path, trash / path.name)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
+        return files, {"torch_version": torch.__version__,
+                       "tokenizers_version": _version("tokenizers"),
+                       "safetensors_version": _version("safetensors")}
+
+    return _build_atomically(path, key, overwrite, write)
 
 
 def build_word_tokenizer(
@@ -497,16 +460,31 @@ def build_fast_checkpoint(
     ``overwrite`` behave as in :func:`build_checkpoint`.  The values depend on ``device`` (its
     random generator), which the stamp records too.
     """
+    _check_kind(kind, config_overrides)
+    key = {**_stamp_key(kind, int(seed), config_overrides), "init": "fast-bf16-v1",
+           "device_type": torch.device(device).type}
+
+    def write(tmp: pathlib.Path) -> tuple[Any, dict[str, Any]]:
+        files = _write_fast_checkpoint(kind, tmp, int(seed), device, config_overrides)
+        return files, {"torch_version": torch.__version__}
+
+    return _build_atomically(path, key, overwrite, write)
+
+
+def _check_kind(kind: str, config_overrides: dict[str, Any]) -> None:
     if kind not in _RECIPES:
         raise ValueError(f"unknown checkpoint kind {kind!r}; expected one of {KINDS}")
     try:
         json.dumps(config_overrides)
     except TypeError as e:
         raise TypeError(f"config_overrides must be JSON-serialisable: {e}") from None
+
+
+def _build_atomically(path, key: dict[str, Any], overwrite: bool, write) -> pathlib.Path:
+    """Reuse a complete build with this ``key`` in ``path``, or build one with ``write(tmp)``
+    (returns the file list and build info) in a sibling temporary directory, stamp it and
+    rename it into place, so an interrupted build never looks complete."""
     path = pathlib.Path(path).expanduser().absolute()
-    dev_type = torch.device(device).type
-    key = {**_stamp_key(kind, int(seed), config_overrides), "init": "fast-bf16-v1",
-           "device_type": dev_type}
     if path.exists():
         if not path.is_dir():
             raise FileExistsError(f"{path} exists and is not a directory")
@@ -520,10 +498,12 @@ def build_fast_checkpoint(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.building-", dir=path.parent))
     try:
-        files = _write_fast_checkpoint(kind, tmp, int(seed), device, config_overrides)
-        stamp = {"key": key, "files": files, "info": {"torch_version": torch.__version__}}
+        files, info = write(tmp)
+        stamp = {"key": key, "files": files, "info": info}
         (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
         if path.exists():
+            if not overwrite and _is_complete(path, key):  # a concurrent builder won the race
+                return path
             trash = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
             os.replace(path, trash / path.name)
             shutil.rmtree(trash, ignore_errors=True)
