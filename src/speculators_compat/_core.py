@@ -19,13 +19,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import wrapt
-
 from . import _env, _versions
+from ._patcher import _MISSING, Patcher, _label, env_default, with_env_default  # noqa: F401
 
 logger = logging.getLogger("speculators_compat")
-
-_MISSING = object()
 
 
 class Status(str, enum.Enum):
@@ -159,86 +156,6 @@ class Context:
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
-
-
-class Patcher:
-    """Records every change so it can be undone exactly, last in first out."""
-
-    def __init__(self) -> None:
-        self._undo: list[tuple[str, Callable[[], None]]] = []
-
-    def __len__(self) -> int:
-        return len(self._undo)
-
-    def setattr(self, obj: Any, name: str, value: Any) -> None:
-        """Set ``obj.name``; undo restores the own attribute, or deletes it if it was
-        inherited/absent (so the class attribute shows through again)."""
-        try:
-            namespace = vars(obj)
-        except TypeError:  # no __dict__ (slots): what getattr sees is the object's own value
-            namespace = None
-        if namespace is None:
-            previous = getattr(obj, name, _MISSING)
-        else:
-            previous = namespace.get(name, _MISSING)
-        setattr(obj, name, value)
-
-        def undo() -> None:
-            if previous is _MISSING:
-                try:
-                    delattr(obj, name)
-                except AttributeError:
-                    pass
-            else:
-                setattr(obj, name, previous)
-
-        self._undo.append((f"{_label(obj)}.{name}", undo))
-
-    def wrap(self, obj: Any, name: str, wrapper: Callable[..., Any]) -> Any:
-        """Replace ``obj.name`` by a ``wrapt.FunctionWrapper`` around the current value."""
-        raw = vars(obj).get(name) if hasattr(obj, "__dict__") else None
-        # Wrap staticmethod/classmethod descriptors themselves so they keep binding as such.
-        original = raw if isinstance(raw, (staticmethod, classmethod)) else getattr(obj, name)
-        wrapped = wrapt.FunctionWrapper(original, wrapper)
-        self.setattr(obj, name, wrapped)
-        return wrapped
-
-    def setenv(self, key: str, value: str) -> None:
-        previous = os.environ.get(key)
-        os.environ[key] = value
-
-        def undo() -> None:
-            if previous is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = previous
-
-        self._undo.append((f"os.environ[{key!r}]", undo))
-
-    def on_revert(self, label: str, undo: Callable[[], None]) -> None:
-        """Register an arbitrary undo step (for changes not expressible as setattr)."""
-        self._undo.append((label, undo))
-
-    def changes(self) -> list[str]:
-        return [label for label, _ in self._undo]
-
-    def revert(self, to: int = 0) -> None:
-        """Undo changes made after mark ``to`` (LIFO). Every undo runs even if one fails."""
-        errors: list[BaseException] = []
-        while len(self._undo) > to:
-            label, undo = self._undo.pop()
-            try:
-                undo()
-            except BaseException as exc:  # noqa: BLE001 - keep undoing, report at the end
-                errors.append(exc)
-                logger.warning("speculators-compat: could not revert %s: %r", label, exc)
-        if errors:
-            raise errors[0]
-
-
-def _label(obj: Any) -> str:
-    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or type(
-        obj).__name__
 
 
 @dataclass

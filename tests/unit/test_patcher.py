@@ -246,6 +246,63 @@ def test_wrapped_classmethod_still_receives_subclass():
         p.revert()
 
 
+def test_wrapped_inherited_staticmethod_stays_static_through_instance():
+    """The wrapped name is an *inherited* staticmethod: looked up along the MRO (as
+    ``wrapt.resolve_path`` does), the raw descriptor is wrapped, so an instance call
+    passes no ``self`` (before: ``TypeError: static() takes 0 positional arguments but
+    1 was given``)."""
+    Base, _ = _base_and_sub()
+
+    class Leaf(Base):
+        pass
+
+    p = Patcher()
+    p.wrap(Leaf, "static", _tag("s"))
+    try:
+        assert Leaf().static() == ("s", "base-static")
+        assert Leaf.static() == ("s", "base-static")
+        assert vars(Base)["static"].__func__() == "base-static"  # Base untouched
+    finally:
+        p.revert()
+    assert "static" not in vars(Leaf)
+
+
+def test_wrapped_inherited_classmethod_still_receives_the_class():
+    Base, _ = _base_and_sub()
+
+    class Leaf(Base):
+        pass
+
+    class Deeper(Leaf):
+        pass
+
+    p = Patcher()
+    p.wrap(Leaf, "klass", _tag("k"))
+    try:
+        assert Leaf.klass() == ("k", "Leaf")
+        assert Leaf().klass() == ("k", "Leaf")
+        assert Deeper.klass() == ("k", "Deeper")
+        assert Base.klass() == "Base"
+    finally:
+        p.revert()
+    assert "klass" not in vars(Leaf)
+
+
+def test_wrapped_inherited_method_binds_the_instance():
+    Base, _ = _base_and_sub()
+
+    class Leaf(Base):
+        pass
+
+    p = Patcher()
+    p.wrap(Leaf, "method", _tag("m"))
+    try:
+        assert Leaf().method() == ("m", "base")
+        assert Base().method() == "base"
+    finally:
+        p.revert()
+
+
 # --------------------------------------------------------------------------- instances
 
 
@@ -377,3 +434,52 @@ def test_applied_result_lists_changes(modules, make_activation, toy):
     rep = act.activate()
     assert rep["a"].status is Status.APPLIED
     assert rep["a"].changes == ["toy_consumer.f", "toy_consumer.h"]
+
+
+# --------------------------------------------------------------------------- scoped env
+
+ENV_KEY = "SPECULATORS_COMPAT_TEST_SCOPED"
+
+
+def test_env_default_sets_for_the_call_only_and_keeps_a_users_value(monkeypatch):
+    from speculators_compat._patcher import env_default, with_env_default
+
+    monkeypatch.delenv(ENV_KEY, raising=False)
+    with env_default(ENV_KEY, "on"):
+        assert os.environ[ENV_KEY] == "on"
+    assert ENV_KEY not in os.environ
+    seen = []
+
+    def build():
+        seen.append(os.environ.get(ENV_KEY))
+        raise RuntimeError("boom")
+
+    wrapped = wrapt.FunctionWrapper(build, with_env_default(ENV_KEY, "on"))
+    with pytest.raises(RuntimeError):
+        wrapped()
+    assert seen == ["on"] and ENV_KEY not in os.environ  # removed after a failure too
+    monkeypatch.setenv(ENV_KEY, "user")
+    with pytest.raises(RuntimeError):
+        wrapped()
+    assert seen[-1] == "user" and os.environ[ENV_KEY] == "user"
+
+
+def test_targets_name_module_class_and_environment(modules):
+    _, consumer, _ = modules
+
+    class Klass:
+        @staticmethod
+        def s():
+            return 1
+
+    p = Patcher()
+    p.setattr(consumer, "f", None)
+    p.wrap(Klass, "s", _tag("t"))
+    p.setattr(consumer, "f", 1)
+    p.setenv(ENV_KEY, "1")
+    mark = len(p)
+    p.on_revert("label only", lambda: None)
+    assert p.targets() == ["toy_consumer:f", f"{__name__}:{Klass.__qualname__}.s",
+                           f"os.environ:{ENV_KEY}"]
+    assert p.targets(mark) == []
+    p.revert()

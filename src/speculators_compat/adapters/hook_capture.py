@@ -32,6 +32,7 @@ from types import ModuleType
 
 from .. import worker_extension
 from .._core import CompatError, Context, Patcher, Verdict
+from .._patcher import with_env_default
 from . import _targets
 from ._base import GeneratorAdapter
 
@@ -114,7 +115,10 @@ class HookCapture(GeneratorAdapter):
 
         patcher.wrap(gen, "ParallelConfig", wrapper)
         if knows_v2_runner_switch():
-            patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", _pin_v1_runner)
+            # the generator (config + spawned workers) is built with the V1 model runner unless
+            # the user chose (the worker then refuses V2 clearly)
+            patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__",
+                         with_env_default(V2_SWITCH, "0"))
         ctx.memo(WORKER_EXTENSION_KEY, lambda: ours)  # what generate_guard checks workers for
 
 
@@ -127,16 +131,3 @@ def knows_v2_runner_switch() -> bool:
     except ImportError:
         return False
     return V2_SWITCH in getattr(envs, "environment_variables", {})
-
-
-def _pin_v1_runner(wrapped, instance, args, kwargs):
-    """Build the generator (config + spawned workers) with the V1 model runner."""
-    import os
-
-    if V2_SWITCH in os.environ:  # the user chose; the worker refuses V2 clearly
-        return wrapped(*args, **kwargs)
-    os.environ[V2_SWITCH] = "0"
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        os.environ.pop(V2_SWITCH, None)

@@ -17,24 +17,14 @@ Remove when: speculators < 0.5 support is dropped.
 from __future__ import annotations
 
 import importlib
-import os
 from types import ModuleType
 
 from .._core import Context, Kind, Patcher, Verdict
+from .._patcher import with_env_default
 from . import _targets
 from ._base import GeneratorAdapter
 
 VAR = "VLLM_WORKER_MULTIPROC_METHOD"
-
-
-def _spawn_during_init(wrapped, instance, args, kwargs):
-    if VAR in os.environ:
-        return wrapped(*args, **kwargs)
-    os.environ[VAR] = "spawn"
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        os.environ.pop(VAR, None)
 
 
 class WorkerSpawnMethod(GeneratorAdapter):
@@ -60,4 +50,4 @@ class WorkerSpawnMethod(GeneratorAdapter):
                               f"start with spawn unless {VAR} is set when it is built")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", _spawn_during_init)
+        patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", with_env_default(VAR, "spawn"))
