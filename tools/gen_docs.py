@@ -18,7 +18,7 @@ TARGET = ROOT / "docs" / "adapters.md"
 
 
 def render() -> str:
-    from speculators_compat._core import Kind
+    from speculators_compat._core import Kind, Stage
     from speculators_compat.adapters import ADAPTERS
 
     KIND_TEXT = {
@@ -53,20 +53,46 @@ def render() -> str:
         "",
         "`SPECULATORS_COMPAT_DISABLE` takes adapter names or these kinds (not `scope`).",
         "",
-        "| adapter | kind | phase | vLLM range | what it does | upstream change | remove when |",
-        "|---|---|---|---|---|---|---|",
+        "Stages (when an adapter acts; the registry is ordered by stage):",
+        "",
+        *[f"- `{s.value}`" + (f": before `{s.precedes}` is imported" if s.precedes else "")
+          for s in Stage],
+        "",
+        "| adapter | kind | phase | stage | vLLM range | what it does | upstream change | "
+        "remove when |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for a in ADAPTERS:
         d = a.describe()
-        lines.append(f"| `{d['name']}` | {d['kind']} | {d['phase']} | "
+        lines.append(f"| `{d['name']}` | {d['kind']} | {d['phase']} | {d['stage']} | "
                      f"`{d['vllm_range'] or 'any'}` | "
                      f"{d['summary']} | {d['upstream']} | {d['remove_when']} |")
+    lines += ["", *targets_table(ADAPTERS)]
     lines += ["", "## Details", ""]
     for a in ADAPTERS:
         mod = sys.modules[type(a).__module__]
         doc = inspect.cleandoc(mod.__doc__ or "")
         lines += [f"### `{a.name}`", "", f"Module: `{type(a).__module__}`", "", doc, ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def targets_table(adapters) -> list[str]:
+    """Target -> the adapters that change it, in stacking order: the registry order, so
+    the first one wraps (or subclasses) the original and the last one is outermost."""
+    by_target: dict[str, list[str]] = {}
+    for a in adapters:
+        for t in a.targets:
+            by_target.setdefault(t, []).append(a.name)
+    lines = ["## Targets", "",
+             "What each adapter may change (its declared `targets`; the contract suite checks",
+             "that applying it changes nothing else), by target. Where several adapters share",
+             "a target they stack in this order: the first wraps or subclasses the original,",
+             "the last is outermost. Fail-closed adapters that cannot act instead make",
+             "`VllmHiddenStatesGenerator.__init__` and `.generate` refuse.", "",
+             "| target | adapters, in stacking order |", "|---|---|"]
+    for target, names in by_target.items():
+        lines.append(f"| `{target}` | {' → '.join(f'`{n}`' for n in names)} |")
+    return lines
 
 
 def main() -> int:

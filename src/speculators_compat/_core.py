@@ -63,6 +63,32 @@ class Phase(str, enum.Enum):
     BOTH = "both"
 
 
+class Stage(str, enum.Enum):
+    """When an adapter must act, relative to speculators' imports (registry order).
+
+    :class:`Phase` says in which processes an adapter acts; the stage says when, and
+    the registry lists adapters stage by stage. The two import stages must act before
+    a module is imported (:attr:`precedes`): ``activate()`` refuses to run after that
+    import (``_order``), and vLLM's workers get them at interpreter start
+    (``_bootstrap``). ``generator`` adapters rebind names inside speculators' imported
+    generator module; ``worker`` adapters act only inside vLLM's worker processes.
+    """
+
+    BEFORE_SPECULATORS_IMPORT = "before-speculators-import"
+    BEFORE_GENERATOR_IMPORT = "before-generator-import"
+    GENERATOR = "generator"
+    WORKER = "worker"
+
+    @property
+    def precedes(self) -> str | None:
+        """The module (prefix) whose import this stage must come before, if any."""
+        return _PRECEDES.get(self)
+
+
+_PRECEDES = {Stage.BEFORE_SPECULATORS_IMPORT: "speculators",
+             Stage.BEFORE_GENERATOR_IMPORT: "speculators.data_generation"}
+
+
 @dataclass(frozen=True)
 class Verdict:
     """A probe's decision about the installed API."""
@@ -113,6 +139,15 @@ class Adapter:
     #: speculators versions whose code it serves.
     speculators_range: str | None = ">=0.3.0.dev0,<0.5.0.dev0"
     phase: Phase = Phase.DRIVER
+    #: When it acts (:class:`Stage`); the registry is ordered by stage.
+    stage: Stage = Stage.GENERATOR
+    #: What its ``apply()`` may change, as ``"module.path:Qualified.name"`` (the names it
+    #: rebinds or wraps; ``os.environ:NAME`` for variables): the contract suite checks
+    #: every change the Patcher records against this, and docs/adapters.md lists the
+    #: adapters stacked on each target.
+    targets: tuple[str, ...] = ()
+    #: What its ``refuse()`` may change (fail-closed adapters).
+    refusal_targets: tuple[str, ...] = ()
     #: Why it exists (:class:`Kind`): which installations it is expected to act on.
     kind: Kind = Kind.UPSTREAM_CHANGE
     #: When the adapter can be deleted.
@@ -139,6 +174,8 @@ class Adapter:
             "vllm_range": self.vllm_range,
             "speculators_range": self.speculators_range,
             "phase": self.phase.value,
+            "stage": self.stage.value,
+            "targets": list(self.targets),
             "kind": self.kind.value,
             "remove_when": self.remove_when,
         }
@@ -261,6 +298,10 @@ class Activation:
         self._lock = threading.RLock()
         self._patcher = Patcher()
         self.report: Report | None = None
+        #: adapter name -> the targets (``"module:Qualified.name"``) its ``apply()`` or
+        #: ``refuse()`` changed in this activation, as the Patcher recorded them (the
+        #: contract suite compares them with the adapter's declared targets).
+        self.touched: dict[str, list[str]] = {}
         self._logged = False
 
     @property
@@ -291,6 +332,7 @@ class Activation:
                                sorted(known_or_kind))
             strict = _env.flag(os.environ.get(_env.STRICT)) if strict is None else strict
             ctx = Context(process)
+            self.touched = {}
             results = []
             try:
                 for a in adapters:
@@ -372,6 +414,7 @@ class Activation:
                 pass
             return self._fail_closed(adapter, ctx, result(
                 Status.FAILED, f"apply raised {exc!r}; rolled back"))
+        self.touched[adapter.name] = self._patcher.targets(mark)
         return result(Status.APPLIED, reason, self._patcher.changes()[mark:])
 
     def _fail_closed(self, adapter: Adapter, ctx: Context, res: AdapterResult) -> AdapterResult:
@@ -396,6 +439,7 @@ class Activation:
             res.reason += f"; could not install the refusal: {exc!r}"
             return res
         res.changes = self._patcher.changes()[mark:]
+        self.touched[adapter.name] = self._patcher.targets(mark)
         if res.changes:
             res.reason += "; fail closed: the generator refuses to run"
         return res
@@ -416,3 +460,4 @@ class Activation:
             if self.report is not None:
                 self.report.active = False
             self.report = None
+            self.touched = {}

@@ -23,11 +23,15 @@ import sys
 
 from ._core import CompatError, Report, Status
 
-#: Import-time adapters -> the module prefixes whose earlier import they cannot repair.
-IMPORT_TIME: dict[str, tuple[str, ...]] = {
-    "transformers5_config_torch": ("speculators",),
-    "kv_cache_helpers_relocated": ("speculators.data_generation",),
-}
+
+def import_time() -> dict[str, tuple[str, ...]]:
+    """Import-time adapters -> the module prefixes whose earlier import they cannot
+    repair (their declared :class:`~speculators_compat._core.Stage`)."""
+    from .adapters import ADAPTERS
+
+    return {a.name: (a.stage.precedes,) for a in ADAPTERS if a.stage.precedes}
+
+
 _ROOTS = ("speculators",)
 
 
@@ -44,7 +48,7 @@ def check_import_order(report: Report, before: frozenset[str]) -> None:
     """Raise :class:`CompatError` if an import-time adapter applied after the import it
     had to precede (``before``: :func:`imported_before` taken before activation)."""
     late = []
-    for name, prefixes in IMPORT_TIME.items():
+    for name, prefixes in import_time().items():
         try:
             result = report[name]
         except KeyError:

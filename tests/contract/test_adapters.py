@@ -247,6 +247,16 @@ def activated(*adapters: Adapter, strict: bool = False) -> Iterator[Report]:
         act.deactivate()
 
 
+@contextlib.contextmanager
+def _deactivating(act: Activation) -> Iterator[Report]:
+    """``act`` activated in the driver for the block (its ``touched`` stays readable)."""
+    report = act.activate(process="driver")
+    try:
+        yield report
+    finally:
+        act.deactivate()
+
+
 def _env_facts() -> Env:
     import torch
     from vllm.platforms import current_platform
@@ -654,6 +664,12 @@ def test_apply_then_revert_restores_identity(base: Base, name: str):
             for label in vllm_labels:
                 assert label.rsplit(".", 1)[0] == KV_UTILS and label not in {
                     f"{KV_UTILS}.{k}" for k in before[KV_UTILS]}, f"{label} is not an addition"
+            # ...and only its declared targets (what the Patcher recorded).
+            touched = act.touched.get(name, [])
+            assert set(touched) <= set(adapter.targets), (
+                f"{name} changed {sorted(set(touched) - set(adapter.targets))}, which it "
+                f"does not declare in `targets`")
+            assert bool(touched) == (report[name].status is APPLIED), touched
         finally:
             act.deactivate()
         after = snapshot(spaces)
@@ -1491,6 +1507,12 @@ def test_data_guards_fail_closed(base: Base, monkeypatch, name: str):
                 assert f"adapter {name} could not be applied ({status}" in msg, msg
                 assert f"{_env.DISABLE}={name}" in msg, msg
         assert diff(before, snapshot(spaces)) <= {f"{GEN}.Scheduler"}
+        act = Activation(lambda: [adapter])
+        act.activate(process="driver")
+        try:  # the refusal changes only what the adapter declares for it
+            assert set(act.touched[name]) == set(adapter.refusal_targets), act.touched
+        finally:
+            act.deactivate()
         m.setenv(_env.DISABLE, name)
         with activated(adapter) as report:
             assert report[name].status is Status.DISABLED
@@ -1555,7 +1577,8 @@ def test_all_adapters_leave_vllm_untouched(base: Base):
         vllm_spaces = _vllm_owned()
         spaces = {**vllm_spaces, **_consumer_owned(base.gen)}
         before = snapshot(spaces)
-        with activated(*ADAPTERS) as report:
+        act = Activation(lambda: list(ADAPTERS))
+        with _deactivating(act) as report:
             statuses = {r.name: r.status for r in report.results}
             assert statuses == {n: expected_status(n, base.env) for n in ADAPTER_NAMES}
             assert not report.problems
@@ -1566,6 +1589,8 @@ def test_all_adapters_leave_vllm_untouched(base: Base):
             assert vllm_changed == added_by_report, sorted(vllm_changed)
             assert all(c.rsplit(".", 1)[1] not in before[KV_UTILS] for c in added_by_report)
             listed = set().union(*(report_changes(report, n) for n in ADAPTER_NAMES))
+            for n in ADAPTER_NAMES:  # everything at once: still only declared targets
+                assert set(act.touched.get(n, [])) <= set(BY_NAME[n].targets), n
             assert {c for c in diff(before, during) if not c.startswith("os.environ")} == listed
             # vLLM's own engine sees vLLM's classes; speculators sees subclasses.
             mod = importlib.import_module

@@ -21,6 +21,19 @@ WORKER_EXTENSION = f"{WORKER_MODULE}.HiddenStatesWorkerExtension"
 _GENERATOR_AND_PARENTS = frozenset(
     GENERATOR_MODULE.rsplit(".", i)[0] for i in range(GENERATOR_MODULE.count(".") + 1))
 
+#: speculators 0.4's offline-script metadata module (``get_device_name``).
+CONFIG_MODULE = "speculators.data_generation.config_generator"
+
+
+def in_generator(*names: str) -> tuple[str, ...]:
+    """Declared targets (``Adapter.targets``) for names in speculators' generator module."""
+    return tuple(f"{GENERATOR_MODULE}:{n}" for n in names)
+
+
+#: What ``generate_guard.refuse_generator`` wraps when a fail-closed adapter refuses.
+REFUSAL_TARGETS = in_generator("VllmHiddenStatesGenerator.__init__",
+                               "VllmHiddenStatesGenerator.generate")
+
 #: speculators' worker extension returns a list of per-layer tensors (0.3.x)...
 CONTRACT_LIST = "list"
 #: ... or a dict request id -> per-layer tensors, with per-step metadata (0.4.x).

@@ -43,6 +43,7 @@ class CollectiveRpcUniqueReply(GeneratorAdapter):
     vllm_range = ">=0.11.1.dev0"
     speculators_range = ">=0.3.0.dev0,<0.4.0.dev0"
     remove_when = "speculators 0.3.x support is dropped"
+    targets = _targets.in_generator("MultiprocExecutor")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         single = returns_single_result(gen.MultiprocExecutor)

@@ -85,6 +85,7 @@ class CPUBlockSize(GeneratorAdapter):
                 "vllm/v1/attention/backends/cpu_attn.py")
     vllm_range = None
     remove_when = "speculators 0.3/0.4 support is dropped"
+    targets = _targets.in_generator("CacheConfig")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         if not _targets.is_cpu_platform():

@@ -32,6 +32,7 @@ class ExecutorSampleTokens(GeneratorAdapter):
                 "(vllm/v1/executor/abstract.py)")
     vllm_range = ">=0.11.1.dev0"
     remove_when = "speculators 0.3.x support is dropped"
+    targets = _targets.in_generator("MultiprocExecutor")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         if not hasattr(gen.MultiprocExecutor, "sample_tokens"):

@@ -29,6 +29,7 @@ class ExecutorWarmupSplit(GeneratorAdapter):
                 "(vllm/v1/executor/abstract.py)")
     vllm_range = ">=0.27.0.dev0"
     remove_when = "speculators < 0.5 support is dropped"
+    targets = _targets.in_generator("MultiprocExecutor")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         ex = gen.MultiprocExecutor

@@ -35,6 +35,7 @@ from types import ModuleType
 from typing import Any
 
 from .._core import CompatError, Context, Kind, Patcher, Verdict, _label
+from .._patcher import target_of
 from . import _targets
 from ._base import GeneratorAdapter
 from .scheduler_prefill_only import ABORT_ALL
@@ -198,6 +199,9 @@ class GenerateGuard(GeneratorAdapter):
                 "leave state that corrupts the next call")
     vllm_range = None
     remove_when = "speculators < 0.5 support is dropped"
+    targets = _targets.in_generator("VllmHiddenStatesGenerator.__init__",
+                                       "VllmHiddenStatesGenerator.generate")
+    refusal_targets = _targets.REFUSAL_TARGETS
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         if not hasattr(gen.VllmHiddenStatesGenerator, "generate"):
@@ -265,6 +269,7 @@ class GenerateGuard(GeneratorAdapter):
         patcher.wrap(cls, "__init__", init)
         patcher.wrap(cls, "generate", generate)
         # Same label as the __init__ wrap: both change what __init__ leaves behind.
-        patcher.on_revert(f"{_label(cls)}.__init__", mark_live_instances)
+        patcher.on_revert(f"{_label(cls)}.__init__", mark_live_instances,
+                          target_of(cls, "__init__"))
 
 

@@ -78,6 +78,8 @@ class HookCapture(GeneratorAdapter):
                 "llama_4_scaling; 0.22+: Model Runner V2 (vllm/v1/worker/gpu/)")
     vllm_range = ">=0.11.1.dev0"
     remove_when = "speculators < 0.5 support is dropped"
+    targets = _targets.in_generator("ParallelConfig", "VllmHiddenStatesGenerator.__init__")
+    refusal_targets = _targets.REFUSAL_TARGETS
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         contract = _targets.worker_contract(ctx)

@@ -19,6 +19,7 @@ import importlib
 from types import ModuleType
 
 from .._core import Context, Patcher, Verdict
+from . import _targets
 from ._base import GeneratorAdapter
 
 FIELDS = ("kv_cache_layout", "hash_block_size", "cache_hit_alignment_tokens")
@@ -73,6 +74,7 @@ class KVCacheConfigFields(GeneratorAdapter):
                 "cache_hit_alignment_tokens set in EngineCore._initialize_kv_caches")
     vllm_range = ">=0.29.0.dev0"
     remove_when = "speculators < 0.5 support is dropped"
+    targets = _targets.in_generator("get_kv_cache_config_from_groups")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         present = _fields()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-from .._core import Adapter, Context, Patcher, Phase, Verdict
+from .._core import Adapter, Context, Patcher, Phase, Stage, Verdict
 
 OLD = "vllm.v1.core.kv_cache_utils"
 NEW = "vllm.v1.core.kv_cache_planning"
@@ -33,6 +33,8 @@ class KVCacheHelpersRelocated(Adapter):
     vllm_range = ">=0.33.0.dev0"
     phase = Phase.BOTH
     remove_when = "speculators < 0.5 support is dropped"
+    stage = Stage.BEFORE_GENERATOR_IMPORT
+    targets = tuple(f"{OLD}:{n}" for n in NAMES)
 
     def _missing(self) -> tuple[object, list[str]]:
         old = importlib.import_module(OLD)

@@ -39,6 +39,7 @@ class KVCacheLayoutResolution(GeneratorAdapter):
                 "(vllm/v1/attention/backends/utils.py: resolve_kv_cache_layout)")
     vllm_range = ">=0.29.0.dev0"
     remove_when = "speculators < 0.5 support is dropped"
+    targets = _targets.in_generator("MultiprocExecutor")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         resolve = _resolver()

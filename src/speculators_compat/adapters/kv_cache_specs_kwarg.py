@@ -26,6 +26,7 @@ class KVCacheSpecsKwarg(GeneratorAdapter):
     upstream = "vLLM 0.12.0: get_kv_cache_config_from_groups(kv_cache_specs=...) removed"
     vllm_range = ">=0.12.0.dev0"
     remove_when = "speculators 0.3.x support is dropped"
+    targets = _targets.in_generator("get_kv_cache_config_from_groups")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         params = _targets.parameters(gen.get_kv_cache_config_from_groups)

@@ -64,7 +64,7 @@ def _no_gpu_mem_get_info(*args, **kwargs):
 
 #: What speculators' ``get_device_name`` returns when torch has no accelerator.
 NO_ACCELERATOR = "NO ACCELERATOR"
-CONFIG_MODULE = "speculators.data_generation.config_generator"
+CONFIG_MODULE = _targets.CONFIG_MODULE
 
 
 def _device_name_without_device(wrapped, instance, args, kwargs):
@@ -105,6 +105,9 @@ class NoGpuKVSizing(GeneratorAdapter):
                 "accelerator; vLLM CPU builds budget KV via VLLM_CPU_KVCACHE_SPACE")
     vllm_range = None
     remove_when = "speculators < 0.5 support is dropped"
+    targets = (*_targets.in_generator("mem_get_info", "torch",
+                                           "get_kv_cache_config_from_groups"),
+               f"{CONFIG_MODULE}:get_device_name")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         if _targets.has_cuda():

@@ -26,6 +26,7 @@ class PrefixCachingOff(GeneratorAdapter):
     upstream = "vLLM 0.12.0: CacheConfig.enable_prefix_caching defaults to True"
     vllm_range = ">=0.12.0.dev0"
     remove_when = "speculators 0.3.x support is dropped"
+    targets = _targets.in_generator("CacheConfig")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         params = _targets.parameters(gen.CacheConfig)

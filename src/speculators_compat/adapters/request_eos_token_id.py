@@ -24,6 +24,7 @@ class RequestEosTokenId(GeneratorAdapter):
     upstream = "vLLM 0.17.0: Request.__init__ eos_token_id removed (EOS in SamplingParams)"
     vllm_range = ">=0.17.0.dev0"
     remove_when = "speculators < 0.5 support is dropped"
+    targets = _targets.in_generator("Request")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         params = _targets.parameters(gen.Request)

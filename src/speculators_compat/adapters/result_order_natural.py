@@ -46,6 +46,8 @@ class ResultOrderNatural(GeneratorAdapter):
     vllm_range = None
     speculators_range = ">=0.4.0.dev0,<0.5.0.dev0"
     remove_when = "speculators 0.4.x support is dropped"
+    targets = _targets.in_generator("sorted")
+    refusal_targets = _targets.REFUSAL_TARGETS
     fail_closed = True
 
     def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:

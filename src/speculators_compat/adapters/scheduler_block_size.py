@@ -29,6 +29,7 @@ class SchedulerBlockSize(GeneratorAdapter):
                 "hash_block_size (vllm/v1/core/sched/scheduler.py)")
     vllm_range = ">=0.11.1.dev0"
     remove_when = "speculators < 0.5 support is dropped"
+    targets = _targets.in_generator("Scheduler")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         params = _targets.parameters(gen.Scheduler)

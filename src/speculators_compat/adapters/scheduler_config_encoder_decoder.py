@@ -26,6 +26,7 @@ class SchedulerConfigEncoderDecoder(GeneratorAdapter):
     upstream = "vLLM 0.12.0: SchedulerConfig.is_encoder_decoder is a required InitVar"
     vllm_range = ">=0.11.1.dev0"
     remove_when = "speculators 0.3.x support is dropped"
+    targets = _targets.in_generator("SchedulerConfig")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         params = _targets.parameters(gen.SchedulerConfig)

@@ -55,6 +55,8 @@ class SchedulerPrefillOnly(GeneratorAdapter):
                 "(0.4), chunked prompts aborted mid-prefill (0.3); vLLM V1 scheduler")
     vllm_range = None
     remove_when = "speculators < 0.5 support is dropped"
+    targets = _targets.in_generator("Scheduler")
+    refusal_targets = _targets.REFUSAL_TARGETS
     fail_closed = True
 
     def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:

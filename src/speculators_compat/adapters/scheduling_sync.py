@@ -25,6 +25,7 @@ class SchedulingSync(GeneratorAdapter):
     upstream = "vLLM 0.14.0: async_scheduling resolves to True for mp/uni executors"
     vllm_range = ">=0.14.0.dev0"
     remove_when = "speculators < 0.5 support is dropped"
+    targets = _targets.in_generator("SchedulerConfig")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         params = _targets.parameters(gen.SchedulerConfig) or {}

@@ -54,6 +54,9 @@ class ShmTransport(GeneratorAdapter):
                 "that way")
     vllm_range = None
     remove_when = "speculators < 0.5 support is dropped"
+    targets = _targets.in_generator("MultiprocExecutor",
+                                       "VllmHiddenStatesGenerator.__init__",
+                                       "VllmHiddenStatesGenerator.generate")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         if not HookCapture().check(ctx, gen).apply:

@@ -30,6 +30,7 @@ class SpeculatorsSupported(Adapter):
     vllm_range = None
     speculators_range = None
     remove_when = "never: scope check"
+    targets = ()  # a probe only
 
     def probe(self, ctx: Context) -> Verdict:
         spec = ctx.versions.get("speculators")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 
-from .._core import Adapter, Context, Patcher, Phase, Verdict
+from .._core import Adapter, Context, Patcher, Phase, Stage, Verdict
 
 MODULE = "transformers.configuration_utils"
 
@@ -30,6 +30,8 @@ class Transformers5ConfigTorch(Adapter):
     vllm_range = None  # keyed on transformers 5 (which vLLM >= 0.24 requires), not on vLLM
     phase = Phase.BOTH
     remove_when = "speculators < 0.5 support is dropped"
+    stage = Stage.BEFORE_SPECULATORS_IMPORT
+    targets = (f"{MODULE}:torch",)
 
     def probe(self, ctx: Context) -> Verdict:
         if ctx.versions.get("transformers") is None:

@@ -35,6 +35,7 @@ class WorkerSpawnMethod(GeneratorAdapter):
                 "MultiprocExecutor used directly forks by default")
     vllm_range = None
     remove_when = "speculators < 0.5 support is dropped"
+    targets = _targets.in_generator("VllmHiddenStatesGenerator.__init__")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         envs = importlib.import_module("vllm.envs")

@@ -1,0 +1,65 @@
+"""Every adapter declares its stage and its targets; the registry is ordered by stage.
+
+The contract suite (tests/contract) checks the targets against what ``apply()`` really
+changes on each installed release; these checks need no vLLM.
+"""
+
+from __future__ import annotations
+
+import re
+
+from speculators_compat._core import Phase, Stage
+from speculators_compat.adapters import ADAPTERS, _targets
+
+TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*(\(\))?(\.[A-Za-z_]\w*)?$")
+ORDER = list(Stage)
+
+
+def test_registry_is_ordered_by_stage():
+    stages = [a.stage for a in ADAPTERS]
+    assert all(isinstance(s, Stage) for s in stages)
+    positions = [ORDER.index(s) for s in stages]
+    assert positions == sorted(positions), [(a.name, a.stage.value) for a in ADAPTERS]
+
+
+def test_stage_agrees_with_phase():
+    """Import-time adapters act in workers too (a worker re-runs the main script's
+    imports); worker-stage adapters only there; generator adapters in the driver."""
+    for a in ADAPTERS:
+        if a.stage.precedes:
+            assert a.phase is Phase.BOTH, a.name
+        assert (a.stage is Stage.WORKER) == (a.phase is Phase.WORKER), a.name
+
+
+def test_targets_are_declared_in_module_colon_name_form():
+    for a in ADAPTERS:
+        assert isinstance(a.targets, tuple), a.name
+        for t in (*a.targets, *a.refusal_targets):
+            assert TARGET.match(t), (a.name, t)
+        assert len(set(a.targets)) == len(a.targets), a.name
+        if a.name != "speculators_supported":  # a probe only
+            assert a.targets, f"{a.name} declares no targets"
+        if a.stage is Stage.GENERATOR and a.targets:
+            assert any(t.startswith(_targets.GENERATOR_MODULE + ":") for t in a.targets), a.name
+
+
+def test_fail_closed_adapters_declare_what_their_refusal_wraps():
+    for a in ADAPTERS:
+        assert bool(a.refusal_targets) == a.fail_closed, a.name
+        if a.fail_closed:
+            assert set(a.refusal_targets) == set(_targets.REFUSAL_TARGETS), a.name
+
+
+def test_import_order_check_follows_the_declared_stages():
+    from speculators_compat import _order
+
+    declared = {a.name: a.stage.precedes for a in ADAPTERS if a.stage.precedes}
+    assert {n: p[0] for n, p in _order.import_time().items()} == declared
+    assert declared["transformers5_config_torch"] == "speculators"
+    assert declared["kv_cache_helpers_relocated"] == "speculators.data_generation"
+
+
+def test_stage_precedes():
+    assert Stage.BEFORE_SPECULATORS_IMPORT.precedes == "speculators"
+    assert Stage.BEFORE_GENERATOR_IMPORT.precedes == "speculators.data_generation"
+    assert Stage.GENERATOR.precedes is None and Stage.WORKER.precedes is None
