@@ -21,22 +21,6 @@ def render() -> str:
     from speculators_compat._core import Kind, Stage
     from speculators_compat.adapters import ADAPTERS
 
-    KIND_TEXT = {
-        Kind.UPSTREAM_CHANGE: "follows a change in vLLM (or transformers) since the release "
-                              "speculators pinned; none applies on that release (vLLM 0.11.0 "
-                              "for speculators 0.3.0)",
-        Kind.PLATFORM: "lets the pipeline run where upstream never ran it (vLLM's CPU "
-                       "platform, no CUDA device); not needed on a GPU machine",
-        Kind.SAFEGUARD: "guards against a data-loss or crash hazard in speculators' own code, "
-                        "on every vLLM where the hazard exists; it changes upstream's result "
-                        "only where upstream would lose or misorder data (batches above "
-                        "max_num_seqs, chunked prompts, a failed call's leftovers, 0.4.x "
-                        "result order) or fail",
-        Kind.SCOPE: "patches nothing: refuses what the shim cannot support",
-        Kind.PERFORMANCE: "changes how captured data moves between processes, never what it "
-                          "is; disable it to get upstream's path back",
-    }
-
     lines = [
         "# Adapters",
         "",
@@ -49,7 +33,7 @@ def render() -> str:
         "",
         "Kinds (why an adapter exists, so when it is expected to act):",
         "",
-        *[f"- `{k.value}`: {KIND_TEXT[k]}" for k in Kind],
+        *[f"- `{k.value}`: {k.description}" for k in Kind],
         "",
         "`SPECULATORS_COMPAT_DISABLE` takes adapter names or these kinds (not `scope`).",
         "",

@@ -59,14 +59,15 @@ def bootstrap_status() -> dict:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from . import _ACTIVATION
-    from ._core import UnsupportedError
+    from ._activation import ACTIVATION
+    from ._errors import UnsupportedError
+    from ._report import Status
 
-    previously_active = _ACTIVATION.active
+    previously_active = ACTIVATION.active
     os.environ.pop(_env.REPORT_FILE, None)  # a dry run is no provenance
     logging.getLogger("speculators_compat").setLevel(logging.ERROR)
     try:
-        report = _ACTIVATION.activate(strict=False)
+        report = ACTIVATION.activate(strict=False)
     except UnsupportedError as exc:
         if args.json:
             print(json.dumps({"supported": False, "error": str(exc),
@@ -77,7 +78,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 2
     data = report.as_dict()
     if not previously_active:
-        _ACTIVATION.deactivate()
+        ACTIVATION.deactivate()
     data["active"] = False
     data["dry_run"] = True
     data["vllm_distribution"] = _versions.installed_distribution("vllm")
@@ -97,13 +98,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"plugin: {data['plugin']['note']}")
     print(f"bootstrap: {data['bootstrap']['note']} ({data['bootstrap']['directory']})")
     print("adapters (verdicts from a dry run in this process; nothing else changed):")
-    width = max(len(a["name"]) for a in data["adapters"])
-    for a in data["adapters"]:
-        status = "applies" if a["status"] == "applied" else a["status"]
-        print(f"  {a['name']:<{width}}  {status:<10}  {a.get('kind', ''):<15}  {a['reason']}")
-    problems = [a for a in data["adapters"] if a["status"] in ("mismatch", "failed")]
-    if problems:
-        print(f"{len(problems)} adapter(s) cannot help with this installation; see "
+    for line in report.table({Status.APPLIED: "applies"}):
+        print(line)
+    if report.problems:
+        print(f"{len(report.problems)} adapter(s) cannot help with this installation; see "
               "docs/troubleshooting.md")
     return 0
 

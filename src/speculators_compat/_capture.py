@@ -29,13 +29,11 @@ dropped), and it refuses any other gap or overlap rather than mislabel rows.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
-from ._core import CompatError
-
-_REQ_ID = re.compile(r"^req_(\d+)_(\d+)$")
+from ._errors import CompatError
+from ._speculators import request_index
 
 
 def find_base_model(model: Any) -> Any:
@@ -111,9 +109,9 @@ def fp16_unscale_factor(layer: Any) -> float:
 def request_order_key(req_id: str, first_seen: int) -> tuple:
     """Input order of speculators' request ids ``req_<call>_<index>`` (numeric, not
     string order); ids of another form keep the order the worker first saw them."""
-    m = _REQ_ID.match(req_id)
-    if m:
-        return (0, int(m.group(1)), int(m.group(2)), first_seen)
+    index = request_index(req_id)
+    if index is not None:
+        return (0, *index, first_seen)
     return (1, 0, 0, first_seen)
 
 

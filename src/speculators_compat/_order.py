@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import sys
 
-from ._core import CompatError, Report, Status
+from ._errors import CompatError
+from ._report import Report, Status
 
 
 def import_time() -> dict[str, tuple[str, ...]]:

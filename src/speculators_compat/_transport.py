@@ -39,6 +39,8 @@ import weakref
 from collections import deque
 from typing import Any
 
+from . import _speculators
+
 logger = logging.getLogger("speculators_compat")
 
 #: Marker key of a transport reply (a plain dict: it must unpickle without this module).
@@ -51,8 +53,9 @@ MAX_DEFAULT_POOL = 8 << 30
 EXPORT_RPC = "_compat_export_states"
 RESET_RPC = "_compat_reset_capture"
 
-LIST = "list"
-BY_REQUEST = "by_request"
+#: The worker extension's result contracts (speculators 0.3.x / 0.4.x).
+LIST = _speculators.CONTRACT_LIST
+BY_REQUEST = _speculators.CONTRACT_BY_REQUEST
 
 
 def default_pool_bytes() -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _transport
-from ._core import CompatError
+from ._errors import CompatError
 
 
 class _CompatHiddenStatesExtension:
@@ -137,8 +137,8 @@ class ByRequestContractExtension(_CompatHiddenStatesExtension):
 
 
 EXTENSIONS = {
-    "list": f"{__name__}.ListContractExtension",
-    "by_request": f"{__name__}.ByRequestContractExtension",
+    _transport.LIST: f"{__name__}.ListContractExtension",
+    _transport.BY_REQUEST: f"{__name__}.ByRequestContractExtension",
 }
 
 __all__ = ["EXTENSIONS", "ByRequestContractExtension", "CompatError", "ListContractExtension"]

@@ -1465,10 +1465,10 @@ def _legacy_generate_guard(base, gen, cfg, adapter):
 def _break_probe(name: str, monkeypatch, gen) -> str:
     """Make ``name``'s probe meet an unknown shape or raise; returns the expected status."""
     if name == "result_order_natural":  # speculators' source unreadable (e.g. .pyc only)
-        from speculators_compat.adapters import _targets
+        from speculators_compat.adapters import _probes
 
-        real = _targets.source
-        monkeypatch.setattr(_targets, "source", lambda obj: "" if obj is gen else real(obj))
+        real = _probes.source
+        monkeypatch.setattr(_probes, "source", lambda obj: "" if obj is gen else real(obj))
         return "mismatch"
     if name == "scheduler_prefill_only":  # a scheduler of an unknown shape
         monkeypatch.setattr(gen, "Scheduler", type("Scheduler", (), {}))

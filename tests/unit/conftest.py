@@ -103,11 +103,11 @@ def make_activation():
 def toy_global(monkeypatch, make_activation):
     """Replace the package-global activation by one over toy adapters; returns a
     function ``(*adapters) -> Activation`` that installs it."""
-    import speculators_compat
+    from speculators_compat import _activation
 
     def install(*adapters: Adapter) -> Activation:
         act = make_activation(*adapters)
-        monkeypatch.setattr(speculators_compat, "_ACTIVATION", act)
+        monkeypatch.setattr(_activation, "ACTIVATION", act)
         return act
 
     return install

@@ -12,7 +12,7 @@ import types
 import pytest
 
 import speculators_compat
-from speculators_compat import _bootstrap, _env, _order
+from speculators_compat import _activation, _bootstrap, _env, _order
 from speculators_compat._core import Activation, CompatError, Patcher, Phase, Status
 
 DIR = _bootstrap.DIRECTORY
@@ -50,7 +50,7 @@ def test_install_is_a_no_op_where_inherited(monkeypatch):
 
 def test_package_activation_sets_pythonpath_and_deactivate_restores(toy, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/keep")
-    act = Activation(lambda: [toy("a")], on_activate=speculators_compat._bootstrap_hook)
+    act = Activation(lambda: [toy("a")], on_activate=_activation._bootstrap_hook)
     act.activate()
     assert os.environ["PYTHONPATH"] == f"{DIR}{os.pathsep}/keep"
     assert os.environ[_env.ACTIVE] == "1"

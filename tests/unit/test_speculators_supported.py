@@ -3,7 +3,7 @@
 import pytest
 
 from speculators_compat._core import Context, Status, UnsupportedError
-from speculators_compat.adapters import _targets
+from speculators_compat.adapters import _probes
 from speculators_compat.adapters.speculators_supported import SpeculatorsSupported
 
 
@@ -21,7 +21,7 @@ def _missing(name: str):
 
 
 def test_transformers_without_the_module_speculators_imports(monkeypatch):
-    monkeypatch.setattr(_targets, "generator_module",
+    monkeypatch.setattr(_probes, "generator_module",
                         _missing("transformers.modeling_attn_mask_utils"))
     with pytest.raises(UnsupportedError) as err:
         SpeculatorsSupported().probe(_ctx(transformers="5.21.0"))
@@ -31,19 +31,19 @@ def test_transformers_without_the_module_speculators_imports(monkeypatch):
 
 
 def test_vllm_older_than_speculators_needs(monkeypatch):
-    monkeypatch.setattr(_targets, "generator_module", _missing("vllm.utils.hashing"))
+    monkeypatch.setattr(_probes, "generator_module", _missing("vllm.utils.hashing"))
     with pytest.raises(UnsupportedError, match="vllm.utils.hashing"):
         SpeculatorsSupported().probe(_ctx(vllm="0.11.0"))
 
 
 def test_other_missing_dependency_propagates(monkeypatch):
-    monkeypatch.setattr(_targets, "generator_module", _missing("loguru"))
+    monkeypatch.setattr(_probes, "generator_module", _missing("loguru"))
     with pytest.raises(ModuleNotFoundError):
         SpeculatorsSupported().probe(_ctx())
 
 
 def test_speculators_0_5_is_refused_and_0_4_is_fine(monkeypatch):
-    monkeypatch.setattr(_targets, "generator_module", lambda ctx: object())
+    monkeypatch.setattr(_probes, "generator_module", lambda ctx: object())
     with pytest.raises(UnsupportedError, match="extract_hidden_states"):
         SpeculatorsSupported().probe(_ctx(speculators="0.5.0"))
     assert SpeculatorsSupported().probe(_ctx()).status is Status.NOT_NEEDED

@@ -117,9 +117,9 @@ def start() -> None:
     if kind is None:
         return
     try:
-        from .. import _ACTIVATION
+        from .._activation import ACTIVATION
 
-        _ACTIVATION.activate(process=kind, write_report=False)
+        ACTIVATION.activate(process=kind, write_report=False)
     except Exception as exc:  # noqa: BLE001 - never take the interpreter down
         sys.stderr.write(
             f"speculators-compat: WARNING: activation at interpreter start failed in pid "

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._core import Adapter, Context, Patcher, Verdict
-from . import _targets
+from .._adapter import Adapter, Context, Verdict
+from .._patcher import Patcher
+from . import _probes
 
 
 class GeneratorAdapter(Adapter):
@@ -18,16 +19,16 @@ class GeneratorAdapter(Adapter):
     def probe(self, ctx: Context) -> Verdict:
         if ctx.versions.get("vllm") is None:
             return Verdict.not_needed("vLLM is not installed")
-        gen = _targets.generator_module(ctx)
+        gen = _probes.generator_module(ctx)
         if gen is None:
             if ctx.versions.get("speculators") is not None:
                 # speculators >= 0.5: installed, but this shim cannot help it.
-                return Verdict.mismatch(_targets.generator_missing_reason(ctx))
-            return Verdict.not_needed(_targets.generator_missing_reason(ctx))
+                return Verdict.mismatch(_probes.generator_missing_reason(ctx))
+            return Verdict.not_needed(_probes.generator_missing_reason(ctx))
         return self.check(ctx, gen)
 
     def apply(self, patcher: Patcher, ctx: Context) -> None:
-        gen = _targets.generator_module(ctx)
+        gen = _probes.generator_module(ctx)
         assert gen is not None
         self.patch(patcher, ctx, gen)
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 #: RPCs speculators 0.3.0 issues with ``unique_reply_rank`` and indexes with ``[0]``.
@@ -28,7 +29,7 @@ SPECULATORS_LIST_REPLY_METHODS = frozenset({"_get_captured_states"})
 
 def returns_single_result(executor_cls) -> bool | None:
     method = getattr(executor_cls, "collective_rpc", None)
-    params = _targets.parameters(method) or {}
+    params = _probes.parameters(method) or {}
     if "unique_reply_rank" not in params:
         return None
     doc = (getattr(method, "__doc__", None) or "").lower()
@@ -51,7 +52,7 @@ class CollectiveRpcUniqueReply(GeneratorAdapter):
             return Verdict.mismatch("collective_rpc has no unique_reply_rank parameter")
         if not single:
             return Verdict.not_needed("collective_rpc returns a list (old convention)")
-        if _targets.worker_contract(ctx) != _targets.CONTRACT_LIST:
+        if _probes.worker_contract(ctx) != _targets.CONTRACT_LIST:
             return Verdict.not_needed("installed speculators expects the single-result "
                                       "convention")
         return Verdict.needed("collective_rpc returns a single result; speculators 0.3 "
@@ -68,5 +69,5 @@ class CollectiveRpcUniqueReply(GeneratorAdapter):
                 return [out]
             return out
 
-        patcher.setattr(gen, "MultiprocExecutor", _targets.subclass(
+        patcher.setattr(gen, "MultiprocExecutor", _helpers.subclass(
             base, self.name, {"collective_rpc": collective_rpc}))

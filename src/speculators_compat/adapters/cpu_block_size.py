@@ -23,8 +23,10 @@ from __future__ import annotations
 import re
 from types import ModuleType
 
-from .._core import Context, Kind, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from .._report import Kind
+from . import _probes, _targets
 from ._base import GeneratorAdapter
 
 SPECULATORS_BLOCK_SIZE = 16
@@ -88,9 +90,9 @@ class CPUBlockSize(GeneratorAdapter):
     targets = _targets.in_generator("CacheConfig")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        if not _targets.is_cpu_platform():
+        if not _probes.is_cpu_platform():
             return Verdict.not_needed("not the CPU platform")
-        bases = declared_in_source(_targets.module_source(CPU_ATTENTION_MODULE))
+        bases = declared_in_source(_probes.module_source(CPU_ATTENTION_MODULE))
         if bases == []:
             return Verdict.not_needed("CPU attention declares no kernel block sizes of its "
                                       "own: speculators' 16 is accepted")

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 _NOTHING = object()
@@ -37,7 +38,7 @@ class ExecutorSampleTokens(GeneratorAdapter):
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         if not hasattr(gen.MultiprocExecutor, "sample_tokens"):
             return Verdict.not_needed("the executor has no sample_tokens(): one-phase steps")
-        if _targets.consumer_passes(gen, ".sample_tokens("):
+        if _probes.consumer_passes(gen, ".sample_tokens("):
             return Verdict.not_needed("two-phase steps; this speculators calls "
                                       "sample_tokens() itself")
         return Verdict.needed("execute_model() returns None until sample_tokens() is called")
@@ -61,5 +62,5 @@ class ExecutorSampleTokens(GeneratorAdapter):
                 return done
             return base.sample_tokens(self, grammar_output, *args, **kwargs)
 
-        patcher.setattr(gen, "MultiprocExecutor", _targets.subclass(
+        patcher.setattr(gen, "MultiprocExecutor", _helpers.subclass(
             base, self.name, {"execute_model": execute_model, "sample_tokens": sample_tokens}))

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 
@@ -35,7 +36,7 @@ class ExecutorWarmupSplit(GeneratorAdapter):
         ex = gen.MultiprocExecutor
         if not hasattr(ex, "compile_or_warm_up_model"):
             return Verdict.not_needed("the executor has no separate warm-up")
-        if "compile_or_warm_up_model" in _targets.source(ex.initialize_from_config):
+        if "compile_or_warm_up_model" in _probes.source(ex.initialize_from_config):
             return Verdict.not_needed("initialize_from_config still warms up")
         return Verdict.needed("initialize_from_config no longer warms up")
 
@@ -47,5 +48,5 @@ class ExecutorWarmupSplit(GeneratorAdapter):
             self.compile_or_warm_up_model()
             return out
 
-        patcher.setattr(gen, "MultiprocExecutor", _targets.subclass(
+        patcher.setattr(gen, "MultiprocExecutor", _helpers.subclass(
             base, self.name, {"initialize_from_config": initialize_from_config}))

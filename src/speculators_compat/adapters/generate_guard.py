@@ -34,9 +34,11 @@ import weakref
 from types import ModuleType
 from typing import Any
 
-from .._core import CompatError, Context, Kind, Patcher, Verdict, _label
-from .._patcher import target_of
-from . import _targets
+from .._adapter import Context, Verdict
+from .._errors import CompatError
+from .._patcher import Patcher, _label, target_of
+from .._report import Kind
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 from .scheduler_prefill_only import ABORT_ALL
 
@@ -105,7 +107,7 @@ def mark_unusable(generator, reason: str) -> None:
 def _rpc(executor, method, *, args: tuple = ()):
     """``collective_rpc`` with the guard's timeout where the executor accepts one."""
     kwargs: dict[str, Any] = {"args": args}
-    if "timeout" in (_targets.parameters(executor.collective_rpc) or {}):
+    if "timeout" in (_probes.parameters(executor.collective_rpc) or {}):
         kwargs["timeout"] = RPC_TIMEOUT_S
     return executor.collective_rpc(method, **kwargs)
 
@@ -178,7 +180,7 @@ def _interrupted(exc: BaseException) -> str:
 
 def refuse_generator(patcher: Patcher, ctx: Context, message: str) -> None:
     """Fail closed: make building a generator, and ``generate()``, raise ``message``."""
-    gen = _targets.generator_module(ctx)
+    gen = _probes.generator_module(ctx)
     if gen is None:
         return
 
@@ -226,7 +228,7 @@ class GenerateGuard(GeneratorAdapter):
             reason = _UNUSABLE.get(instance)
             if reason is not None:
                 raise CompatError(reason)
-            token_ids = kwargs.get("token_ids", args[0] if args else None)
+            token_ids = _helpers.argument(args, kwargs, "token_ids", 0)
             validate_batch(token_ids, vocab_size(instance))
             if instance not in checked:
                 try:

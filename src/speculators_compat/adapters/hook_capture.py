@@ -31,23 +31,24 @@ import importlib
 from types import ModuleType
 
 from .. import worker_extension
-from .._core import CompatError, Context, Patcher, Verdict
-from .._patcher import with_env_default
-from . import _targets
+from .._adapter import Context, Verdict
+from .._errors import CompatError
+from .._patcher import Patcher
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 
 def _reasons(contract: str) -> list[str]:
     reasons = []
-    llama = _targets.module_source("vllm.model_executor.models.llama") or ""
+    llama = _probes.module_source("vllm.model_executor.models.llama") or ""
     wanted = "get_input_embeddings" if contract == _targets.CONTRACT_LIST else "embed_input_ids"
     if f"def {wanted}(" not in llama:
         reasons.append(f"base models have no {wanted}() (speculators' forward calls it)")
-    deepseek = _targets.module_source("vllm.model_executor.models.deepseek_v2") or ""
+    deepseek = _probes.module_source("vllm.model_executor.models.deepseek_v2") or ""
     if "llama_4_scaling" in deepseek:
         reasons.append("DeepSeek-V2/V3 layers take llama_4_scaling, which speculators' "
                        "forward drops")
-    if _targets.has_module("vllm.v1.worker.gpu.model_runner"):
+    if _probes.has_module("vllm.v1.worker.gpu.model_runner"):
         reasons.append("Model Runner V2 exists (rows in its own per-step order)")
     return reasons
 
@@ -63,7 +64,7 @@ def running_extensions(executor, timeout: float | None = None) -> list[list[str]
     """Per worker, the hidden-state extensions (speculators' or the shim's) it runs."""
     known = {_targets.WORKER_EXTENSION, *worker_extension.EXTENSIONS.values()}
     kwargs = {}
-    if timeout is not None and "timeout" in (_targets.parameters(executor.collective_rpc)
+    if timeout is not None and "timeout" in (_probes.parameters(executor.collective_rpc)
                                              or {}):
         kwargs["timeout"] = timeout
     replies = executor.collective_rpc(worker_classes, **kwargs)
@@ -82,10 +83,10 @@ class HookCapture(GeneratorAdapter):
     refusal_targets = _targets.REFUSAL_TARGETS
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        contract = _targets.worker_contract(ctx)
+        contract = _probes.worker_contract(ctx)
         if contract is None:
             return Verdict.mismatch("speculators' HiddenStatesWorkerExtension not found")
-        if _targets.WORKER_EXTENSION not in _targets.source(gen):
+        if _targets.WORKER_EXTENSION not in _probes.source(gen):
             return Verdict.mismatch("speculators' generator does not name "
                                     f"{_targets.WORKER_EXTENSION}")
         reasons = _reasons(contract)
@@ -103,7 +104,7 @@ class HookCapture(GeneratorAdapter):
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         from .generate_guard import WORKER_EXTENSION_KEY
 
-        ours = worker_extension.EXTENSIONS[_targets.worker_contract(ctx)]
+        ours = worker_extension.EXTENSIONS[_probes.worker_contract(ctx)]
 
         def wrapper(wrapped, instance, args, kwargs):
             if kwargs.get("worker_extension_cls") == _targets.WORKER_EXTENSION:
@@ -120,7 +121,7 @@ class HookCapture(GeneratorAdapter):
             # the generator (config + spawned workers) is built with the V1 model runner unless
             # the user chose (the worker then refuses V2 clearly)
             patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__",
-                         with_env_default(V2_SWITCH, "0"))
+                         _helpers.with_env_default(V2_SWITCH, "0"))
         ctx.memo(WORKER_EXTENSION_KEY, lambda: ours)  # what generate_guard checks workers for
 
 

@@ -18,31 +18,19 @@ import dataclasses
 import importlib
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from . import _helpers, _targets
 from ._base import GeneratorAdapter
+from ._engine import UTILS, block_sizes  # noqa: F401 - block_sizes: importable from here too
 
 FIELDS = ("kv_cache_layout", "hash_block_size", "cache_hit_alignment_tokens")
-UTILS = "vllm.v1.core.kv_cache_utils"
 
 
 def _fields() -> set[str]:
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
     return {f.name for f in dataclasses.fields(KVCacheConfig)} & set(FIELDS)
-
-
-def block_sizes(kv_cache_config, vllm_config) -> tuple[int, int | None]:
-    """(scheduler block size, hash block size) as this release's engine core computes them."""
-    utils = importlib.import_module(UTILS)
-    resolve = getattr(utils, "resolve_kv_cache_block_sizes", None)
-    if resolve is not None and kv_cache_config.kv_cache_groups:
-        return resolve(kv_cache_config, vllm_config)
-    pc = vllm_config.parallel_config
-    size = (vllm_config.cache_config.block_size
-            * getattr(pc, "decode_context_parallel_size", 1)
-            * getattr(pc, "prefill_context_parallel_size", 1))
-    return size, None
 
 
 def fill_engine_fields(cfg, vllm_config) -> None:
@@ -85,7 +73,7 @@ class KVCacheConfigFields(GeneratorAdapter):
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         def wrapper(wrapped, instance, args, kwargs):
             cfg = wrapped(*args, **kwargs)
-            vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+            vllm_config = _helpers.argument(args, kwargs, "vllm_config", 0)
             fill_engine_fields(cfg, vllm_config)
             return cfg
 

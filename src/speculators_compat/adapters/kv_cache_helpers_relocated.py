@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import importlib
 
-from .._core import Adapter, Context, Patcher, Phase, Stage, Verdict
+from .._adapter import Adapter, Context, Phase, Stage, Verdict
+from .._patcher import Patcher
 
 OLD = "vllm.v1.core.kv_cache_utils"
 NEW = "vllm.v1.core.kv_cache_planning"

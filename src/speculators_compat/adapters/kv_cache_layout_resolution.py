@@ -18,8 +18,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 UTILS = "vllm.v1.attention.backends.utils"
@@ -49,7 +50,7 @@ class KVCacheLayoutResolution(GeneratorAdapter):
         if resolve is None or not has_set:
             return Verdict.mismatch("resolve_kv_cache_layout and Executor.set_kv_cache_layout "
                                     "are not both present")
-        params = _targets.parameters(resolve) or {}
+        params = _probes.parameters(resolve) or {}
         if list(params)[:2] != ["vllm_config", "supported_layouts"]:
             return Verdict.mismatch(f"unknown resolve_kv_cache_layout{tuple(params)}")
         return Verdict.needed("KV configs need a resolved layout; speculators bypasses the "
@@ -74,4 +75,4 @@ class KVCacheLayoutResolution(GeneratorAdapter):
 
         base = gen.MultiprocExecutor
         patcher.setattr(gen, "MultiprocExecutor",
-                        _targets.subclass(base, self.name, {"__init__": __init__}))
+                        _helpers.subclass(base, self.name, {"__init__": __init__}))

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 
@@ -29,13 +30,13 @@ class KVCacheSpecsKwarg(GeneratorAdapter):
     targets = _targets.in_generator("get_kv_cache_config_from_groups")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        params = _targets.parameters(gen.get_kv_cache_config_from_groups)
+        params = _probes.parameters(gen.get_kv_cache_config_from_groups)
         if params is None:
             return Verdict.mismatch("get_kv_cache_config_from_groups is not inspectable")
         if "kv_cache_specs" in params:
             return Verdict.not_needed("get_kv_cache_config_from_groups accepts kv_cache_specs")
         if {"vllm_config", "kv_cache_groups", "available_memory"} <= params.keys():
-            if not _targets.consumer_passes(gen, "kv_cache_specs="):
+            if not _probes.consumer_passes(gen, "kv_cache_specs="):
                 return Verdict.not_needed("get_kv_cache_config_from_groups no longer takes "
                                           "kv_cache_specs; this speculators does not pass it")
             return Verdict.needed("get_kv_cache_config_from_groups no longer takes "
@@ -43,8 +44,4 @@ class KVCacheSpecsKwarg(GeneratorAdapter):
         return Verdict.mismatch(f"unknown get_kv_cache_config_from_groups{tuple(params)}")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        def wrapper(wrapped, instance, args, kwargs):
-            kwargs.pop("kv_cache_specs", None)
-            return wrapped(*args, **kwargs)
-
-        patcher.wrap(gen, "get_kv_cache_config_from_groups", wrapper)
+        patcher.wrap(gen, "get_kv_cache_config_from_groups", _helpers.drop_kwarg("kv_cache_specs"))

@@ -30,8 +30,10 @@ from types import ModuleType
 
 import wrapt
 
-from .._core import Context, Kind, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from .._report import Kind
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 GiB = 1 << 30
@@ -110,20 +112,20 @@ class NoGpuKVSizing(GeneratorAdapter):
                f"{CONFIG_MODULE}:get_device_name")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        if _targets.has_cuda():
+        if _probes.has_cuda():
             return Verdict.not_needed("CUDA is available: speculators' own sizing works")
-        if not _targets.is_cpu_platform():
+        if not _probes.is_cpu_platform():
             return Verdict.not_needed("no CUDA, but the platform is not CPU; leaving sizing as is")
         return Verdict.needed("no CUDA device: KV cache sized from the CPU platform's budget")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         if hasattr(gen, "mem_get_info"):
             patcher.setattr(gen, "mem_get_info", _no_gpu_mem_get_info)
-        if "torch.cuda.mem_get_info" in _targets.source(gen):
+        if "torch.cuda.mem_get_info" in _probes.source(gen):
             patcher.setattr(gen, "torch", _TorchWithoutDevice(gen.torch))
 
         def wrapper(wrapped, instance, args, kwargs):
-            vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+            vllm_config = _helpers.argument(args, kwargs, "vllm_config", 0)
             if "available_memory" in kwargs:
                 kwargs["available_memory"] = cpu_kv_budget(vllm_config)
             return wrapped(*args, **kwargs)

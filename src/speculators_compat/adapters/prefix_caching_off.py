@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 
@@ -29,7 +30,7 @@ class PrefixCachingOff(GeneratorAdapter):
     targets = _targets.in_generator("CacheConfig")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        params = _targets.parameters(gen.CacheConfig)
+        params = _probes.parameters(gen.CacheConfig)
         if params is None or "enable_prefix_caching" not in params:
             return Verdict.mismatch("CacheConfig has no enable_prefix_caching parameter")
         default = params["enable_prefix_caching"].default
@@ -37,15 +38,11 @@ class PrefixCachingOff(GeneratorAdapter):
             # 0.11.x: None (resolved per engine; speculators 0.3.0 was written for it)
             return Verdict.not_needed(
                 f"CacheConfig.enable_prefix_caching defaults to {default!r}, not True")
-        if _targets.consumer_passes(gen, "enable_prefix_caching="):
+        if _probes.consumer_passes(gen, "enable_prefix_caching="):
             return Verdict.not_needed("CacheConfig.enable_prefix_caching defaults to True; "
                                       "this speculators sets it itself")
         return Verdict.needed(f"CacheConfig.enable_prefix_caching defaults to {default!r}; "
                               "prefix hits would skip rows and need a block hasher")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        def wrapper(wrapped, instance, args, kwargs):
-            kwargs.setdefault("enable_prefix_caching", False)
-            return wrapped(*args, **kwargs)
-
-        patcher.wrap(gen, "CacheConfig", wrapper)
+        patcher.wrap(gen, "CacheConfig", _helpers.default_kwarg("enable_prefix_caching", False))

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 
@@ -27,7 +28,7 @@ class RequestEosTokenId(GeneratorAdapter):
     targets = _targets.in_generator("Request")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        params = _targets.parameters(gen.Request)
+        params = _probes.parameters(gen.Request)
         if params is None or not {"request_id", "prompt_token_ids"} <= params.keys():
             return Verdict.mismatch("Request.__init__ lacks request_id/prompt_token_ids")
         if "eos_token_id" in params:
@@ -35,8 +36,4 @@ class RequestEosTokenId(GeneratorAdapter):
         return Verdict.needed("Request.__init__ no longer takes eos_token_id")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        def wrapper(wrapped, instance, args, kwargs):
-            kwargs.pop("eos_token_id", None)
-            return wrapped(*args, **kwargs)
-
-        patcher.wrap(gen, "Request", wrapper)
+        patcher.wrap(gen, "Request", _helpers.drop_kwarg("eos_token_id"))

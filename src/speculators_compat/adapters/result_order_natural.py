@@ -22,18 +22,18 @@ from __future__ import annotations
 import builtins
 from types import ModuleType
 
-from .._capture import _REQ_ID
-from .._core import Context, Kind, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from .._report import Kind
+from .._speculators import request_index
+from . import _probes, _targets
 from ._base import GeneratorAdapter
 
 
 def natural_sorted(iterable, /, *, key=None, reverse=False):
     items = list(iterable)
-    if key is None and items and all(isinstance(i, str) and _REQ_ID.match(i) for i in items):
-        return builtins.sorted(
-            items, key=lambda s: tuple(int(x) for x in _REQ_ID.match(s).groups()),
-            reverse=reverse)
+    if key is None and items and all(request_index(i) is not None for i in items):
+        return builtins.sorted(items, key=request_index, reverse=reverse)
     return builtins.sorted(items, key=key, reverse=reverse)
 
 
@@ -56,7 +56,7 @@ class ResultOrderNatural(GeneratorAdapter):
         refuse_generator(patcher, ctx, message)
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        src = _targets.source(gen)
+        src = _probes.source(gen)
         if not src:
             return Verdict.mismatch("the source of speculators' generator module is "
                                     "unavailable: cannot tell how it orders results")

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
-from .kv_cache_config_fields import block_sizes
+from ._engine import block_sizes
 
 
 class SchedulerBlockSize(GeneratorAdapter):
@@ -32,7 +33,7 @@ class SchedulerBlockSize(GeneratorAdapter):
     targets = _targets.in_generator("Scheduler")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        params = _targets.parameters(gen.Scheduler)
+        params = _probes.parameters(gen.Scheduler)
         if params is None or "kv_cache_config" not in params:
             return Verdict.mismatch("Scheduler.__init__ has no kv_cache_config parameter")
         if "block_size" not in params:
@@ -43,11 +44,11 @@ class SchedulerBlockSize(GeneratorAdapter):
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         base = gen.Scheduler
-        params = _targets.parameters(base) or {}
+        params = _probes.parameters(base) or {}
 
         def __init__(self, *args, **kwargs):
-            vllm_config = kwargs.get("vllm_config", args[0] if args else None)
-            kv_cache_config = kwargs.get("kv_cache_config", args[1] if len(args) > 1 else None)
+            vllm_config = _helpers.argument(args, kwargs, "vllm_config", 0)
+            kv_cache_config = _helpers.argument(args, kwargs, "kv_cache_config", 1)
             if vllm_config is not None and kv_cache_config is not None and len(args) <= 3:
                 block_size, hash_block_size = block_sizes(kv_cache_config, vllm_config)
                 kwargs["block_size"] = block_size
@@ -55,5 +56,5 @@ class SchedulerBlockSize(GeneratorAdapter):
                     kwargs.setdefault("hash_block_size", hash_block_size)
             base.__init__(self, *args, **kwargs)
 
-        patcher.setattr(gen, "Scheduler", _targets.subclass(base, self.name,
+        patcher.setattr(gen, "Scheduler", _helpers.subclass(base, self.name,
                                                             {"__init__": __init__}))

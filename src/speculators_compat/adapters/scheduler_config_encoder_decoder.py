@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 
@@ -29,22 +30,18 @@ class SchedulerConfigEncoderDecoder(GeneratorAdapter):
     targets = _targets.in_generator("SchedulerConfig")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        params = _targets.parameters(gen.SchedulerConfig)
+        params = _probes.parameters(gen.SchedulerConfig)
         if params is None:
             return Verdict.mismatch("SchedulerConfig signature is not inspectable")
         p = params.get("is_encoder_decoder")
         if p is None:
             return Verdict.not_needed("SchedulerConfig has no is_encoder_decoder field")
-        if not _targets.required(p):
+        if not _probes.required(p):
             return Verdict.not_needed("SchedulerConfig.is_encoder_decoder has a default")
-        if _targets.consumer_passes(gen, "is_encoder_decoder="):
+        if _probes.consumer_passes(gen, "is_encoder_decoder="):
             return Verdict.not_needed("SchedulerConfig requires is_encoder_decoder; this "
                                       "speculators passes it itself")
         return Verdict.needed("SchedulerConfig requires is_encoder_decoder")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        def wrapper(wrapped, instance, args, kwargs):
-            kwargs.setdefault("is_encoder_decoder", False)
-            return wrapped(*args, **kwargs)
-
-        patcher.wrap(gen, "SchedulerConfig", wrapper)
+        patcher.wrap(gen, "SchedulerConfig", _helpers.default_kwarg("is_encoder_decoder", False))

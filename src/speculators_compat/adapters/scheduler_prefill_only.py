@@ -29,8 +29,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._core import Context, Kind, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from .._report import Kind
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 
@@ -41,7 +43,7 @@ def _prefilled(request) -> bool:
 def chunked_prefill_by_default(config_cls) -> bool:
     """Whether ``SchedulerConfig(...)`` without ``enable_chunked_prefill`` (speculators
     0.3.0's call) chunks prompts; ``True`` when it cannot be told (the safe answer)."""
-    param = (_targets.parameters(config_cls) or {}).get("enable_chunked_prefill")
+    param = (_probes.parameters(config_cls) or {}).get("enable_chunked_prefill")
     if param is None or param.default is param.empty:
         return True
     return bool(param.default)  # 0.11: None, left unset (off); 0.12+: True
@@ -67,11 +69,11 @@ class SchedulerPrefillOnly(GeneratorAdapter):
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         sched, req = gen.Scheduler, gen.Request
         missing = [n for n in ("schedule", "finish_requests") if not hasattr(sched, n)]
-        src = _targets.source(req)
+        src = _probes.source(req)
         missing += [n for n in ("num_computed_tokens", "num_prompt_tokens") if n not in src]
         if missing:
             return Verdict.mismatch(f"scheduler/request lack {missing}")
-        if (_targets.worker_contract(ctx) == _targets.CONTRACT_LIST
+        if (_probes.worker_contract(ctx) == _targets.CONTRACT_LIST
                 and not chunked_prefill_by_default(gen.SchedulerConfig)):
             return Verdict.not_needed("speculators 0.3's loop finishes every scheduled request "
                                       "and chunked prefill is off by default: no prompt is split")
@@ -110,7 +112,7 @@ class SchedulerPrefillOnly(GeneratorAdapter):
             self.__dict__.pop("_compat_deferred", None)
             base.finish_requests(self, list(self.requests), aborted)
 
-        patcher.setattr(gen, "Scheduler", _targets.subclass(
+        patcher.setattr(gen, "Scheduler", _helpers.subclass(
             base, self.name, {"schedule": schedule, "finish_requests": finish_requests,
                               ABORT_ALL: abort_all}))
 

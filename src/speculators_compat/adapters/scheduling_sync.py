@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .._core import Context, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 
@@ -28,7 +29,7 @@ class SchedulingSync(GeneratorAdapter):
     targets = _targets.in_generator("SchedulerConfig")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        params = _targets.parameters(gen.SchedulerConfig) or {}
+        params = _probes.parameters(gen.SchedulerConfig) or {}
         if "async_scheduling" not in params:
             return Verdict.not_needed("SchedulerConfig has no async_scheduling field")
         if params["async_scheduling"].default is False:
@@ -37,8 +38,4 @@ class SchedulingSync(GeneratorAdapter):
                               "generator's own synchronous step loop")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        def wrapper(wrapped, instance, args, kwargs):
-            kwargs.setdefault("async_scheduling", False)
-            return wrapped(*args, **kwargs)
-
-        patcher.wrap(gen, "SchedulerConfig", wrapper)
+        patcher.wrap(gen, "SchedulerConfig", _helpers.default_kwarg("async_scheduling", False))

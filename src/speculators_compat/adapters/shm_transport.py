@@ -30,8 +30,10 @@ import weakref
 from types import ModuleType
 
 from .. import _transport
-from .._core import Context, Kind, Patcher, Verdict
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from .._report import Kind
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 from .hook_capture import HookCapture
 
@@ -62,7 +64,7 @@ class ShmTransport(GeneratorAdapter):
         if not HookCapture().check(ctx, gen).apply:
             return Verdict.not_needed("speculators' own worker extension captures; its "
                                       "replies keep vLLM's collective_rpc path")
-        if "unique_reply_rank" not in (_targets.parameters(gen.MultiprocExecutor.collective_rpc)
+        if "unique_reply_rank" not in (_probes.parameters(gen.MultiprocExecutor.collective_rpc)
                                        or {}):
             return Verdict.mismatch("MultiprocExecutor.collective_rpc has no unique_reply_rank")
         reason = _transport.unavailable_reason()
@@ -128,7 +130,7 @@ class ShmTransport(GeneratorAdapter):
                 if importer is not None:
                     importer.close()
 
-        patcher.setattr(gen, "MultiprocExecutor", _targets.subclass(
+        patcher.setattr(gen, "MultiprocExecutor", _helpers.subclass(
             base, self.name, {"collective_rpc": collective_rpc, "shutdown": shutdown}))
 
         def link(wrapped, instance, args, kwargs):

@@ -16,9 +16,12 @@ Remove when: never (it is the shim's scope check).
 
 from __future__ import annotations
 
-from .._core import Adapter, Context, Kind, Patcher, UnsupportedError, Verdict
+from .._adapter import Adapter, Context, Verdict
+from .._errors import UnsupportedError
+from .._patcher import Patcher
+from .._report import Kind
 from .._versions import in_range
-from . import _targets
+from . import _probes, _targets
 
 
 class SpeculatorsSupported(Adapter):
@@ -37,7 +40,7 @@ class SpeculatorsSupported(Adapter):
         if spec is None:
             return Verdict.not_needed("speculators is not installed")
         try:
-            missing = in_range(spec, ">=0.5.0.dev0") or _targets.generator_module(ctx) is None
+            missing = in_range(spec, ">=0.5.0.dev0") or _probes.generator_module(ctx) is None
         except ModuleNotFoundError as exc:
             if (exc.name or "").startswith("transformers"):
                 raise UnsupportedError(

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import importlib
 
-from .._core import Adapter, Context, Patcher, Phase, Stage, Verdict
+from .._adapter import Adapter, Context, Phase, Stage, Verdict
+from .._patcher import Patcher
 
 MODULE = "transformers.configuration_utils"
 

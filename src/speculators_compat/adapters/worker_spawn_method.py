@@ -19,9 +19,10 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .._core import Context, Kind, Patcher, Verdict
-from .._patcher import with_env_default
-from . import _targets
+from .._adapter import Context, Verdict
+from .._patcher import Patcher
+from .._report import Kind
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 VAR = "VLLM_WORKER_MULTIPROC_METHOD"
@@ -41,7 +42,7 @@ class WorkerSpawnMethod(GeneratorAdapter):
         envs = importlib.import_module("vllm.envs")
         if VAR not in getattr(envs, "environment_variables", {}):
             return Verdict.mismatch(f"vLLM does not read {VAR}")
-        if _targets.is_cpu_platform():
+        if _probes.is_cpu_platform():
             return Verdict.not_needed(f"the CPU platform sets {VAR}=spawn itself when the "
                                       "generator builds its config")
         # Decided per generator construction, not here: vLLM's CPU platform itself sets the
@@ -51,4 +52,5 @@ class WorkerSpawnMethod(GeneratorAdapter):
                               f"start with spawn unless {VAR} is set when it is built")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", with_env_default(VAR, "spawn"))
+        patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__",
+                     _helpers.with_env_default(VAR, "spawn"))

@@ -16,6 +16,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from .._speculators import GENERATOR_MODULE
+
 DEFAULT_LAYERS = {"llama": [0, 2, 5], "deepseek_v3": [0, 1, 3], "qwen3": [0, 2, 5],
                   "qwen3_moe": [0, 1, 3]}
 
@@ -155,7 +157,7 @@ def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequ
             result["report"] = rep.as_dict()
             log(str(rep))
         gen_mod = steps("import speculators' generator", __import__,
-                        "speculators.data_generation.vllm_hidden_states_generator",
+                        GENERATOR_MODULE,
                         fromlist=["VllmHiddenStatesGenerator"])
         kwargs = dict(generator_kwargs or {})
         gen = steps("start VllmHiddenStatesGenerator (vLLM engine, workers, KV cache)",
