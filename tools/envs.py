@@ -18,7 +18,7 @@ uv's cache (``.cache/uv`` unless ``UV_CACHE_DIR`` is set) makes a second build f
 Usage::
 
     python tools/envs.py build [0.32.0 0.16.0 ...]   # build (idempotent)
-    python tools/envs.py test [--quick]              # build, then run every suite
+    python tools/envs.py test [--quick] [--jobs N]   # build, then run every suite
     python tools/envs.py demo [--vllm V --speculators S -- DEMO ARGS]
     python tools/envs.py python 0.32.0               # print the env's python
     python tools/envs.py list                        # known recipes
@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -45,6 +46,9 @@ SPECULATORS = ("0.3.0", "0.4.0.1")
 #: Installed only to test that the shim refuses it clearly (no in-process generator).
 UNSUPPORTED_SPECULATORS = ("0.5.0",)
 SPECULATORS_RUNTIME = ("loguru", "pydantic-settings", "typer-slim", "datasets>=4.0.0,<=4.6.0")
+#: The linter ``test`` runs (``ruff check .``, the rules in pyproject.toml), in the newest
+#: CI env. Pinned to a minor release: a newer ruff can flag code that passed before.
+RUFF = "ruff>=0.17,<0.18"
 EXCLUDES = ("torchvision", "torchaudio", "torchcodec")
 
 
@@ -226,13 +230,26 @@ def _build(version: str) -> Path:
             if Path(CPU_WHEELS).is_dir():
                 cmd += ["--find-links", CPU_WHEELS]
             cmd += [f"{recipe.dist}=={recipe.vllm}", *SPECULATORS_RUNTIME, *recipe.extra,
-                    "pytest", "safetensors", "-e", str(ROOT)]
+                    "pytest", "safetensors", RUFF, "-e", str(ROOT)]
             _run(cmd, env=env)
         stamp.write_text(json.dumps(want))
     ensure_cpu_platform_alias(version)
+    ensure_ruff(version)
     for spec in SPECULATORS + UNSUPPORTED_SPECULATORS:
         build_speculators(spec)
     return path
+
+
+def ensure_ruff(version: str) -> None:
+    """Install :data:`RUFF` into an env built before it was part of the recipe (it is not
+    in the build stamp, so that adding it rebuilt nothing); idempotent, seconds."""
+    if not env_python(version).exists():
+        return
+    probe = subprocess.run([str(env_python(version)), "-m", "ruff", "--version"],
+                           capture_output=True, text=True, check=False)
+    if probe.returncode == 0:
+        return
+    _run(_uv() + ["pip", "install", "-p", str(env_python(version)), RUFF], env=_uv_env())
 
 
 def ensure_cpu_platform_alias(version: str) -> None:
@@ -347,9 +364,13 @@ def junit_verdict(junit: Path, vllm: str | None, spec: str | None,
 
 
 def _pytest(vllm: str, speculators: str | None, paths: list[str], label: str,
-            extra: list[str]) -> dict[str, int]:
+            extra: list[str], prefix: str | None = None) -> dict[str, int]:
     """Run one suite; a run that executed too little or skipped outside the allow-list
-    counts as failed (real-vLLM suites: vLLM, speculators and the platform are required)."""
+    counts as failed (real-vLLM suites: vLLM, speculators and the platform are required).
+
+    ``prefix``: print pytest's output line by line with this prefix (a lane of a
+    concurrent run: two combinations' lines interleave) instead of letting it through.
+    """
     junit = ROOT / ".cache" / "junit" / f"{label}.xml"
     junit.parent.mkdir(parents=True, exist_ok=True)
     junit.unlink(missing_ok=True)  # a stale file must not stand in for this run
@@ -360,9 +381,17 @@ def _pytest(vllm: str, speculators: str | None, paths: list[str], label: str,
     require = {p: MIN_EXECUTED[p] for p in paths if p in MIN_EXECUTED} if real else {}
     if real:
         env["SPECULATORS_COMPAT_REQUIRE_REAL"] = "1"
-    print(f"\n=== {label}: {' '.join(cmd)}", flush=True)
+    say = _say if prefix is None else (lambda text: _say(text, prefix))
+    say(f"\n=== {label}: {' '.join(cmd)}")
     t = time.time()
-    rc = subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
+    if prefix is None:
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, check=False).returncode
+    else:
+        with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace") as proc:
+            for line in proc.stdout:
+                say(line.rstrip("\n"))
+        rc = proc.returncode
     counts = {"passed": 0, "failed": 0, "skipped": 0}
     problems: list[str] = []
     if junit.exists():
@@ -376,14 +405,93 @@ def _pytest(vllm: str, speculators: str | None, paths: list[str], label: str,
     elif rc != 0 and counts["failed"] == 0:  # crashed, or collection errors
         problems.append(f"pytest exited with code {rc}")
     for p in problems:
-        print(f"=== {label}: FAIL: {p}", flush=True)
+        say(f"=== {label}: FAIL: {p}")
     counts["failed"] += len(problems)
-    print(f"=== {label}: {counts} in {time.time() - t:.0f}s", flush=True)
+    say(f"=== {label}: {counts} in {time.time() - t:.0f}s")
     return counts
 
 
-def test(quick: bool, extra: list[str]) -> int:
-    """Build the envs and run unit, contract and end-to-end suites in each combination."""
+def lint(vllm: str) -> dict[str, int]:
+    """``ruff check .`` (pyproject.toml's rules) with the env's ruff: one passed or one
+    failed check, printed like a suite."""
+    cmd = [str(env_python(vllm)), "-m", "ruff", "check", ".", "--no-cache"]
+    _say(f"\n=== lint: {' '.join(cmd)}")
+    rc = subprocess.run(cmd, cwd=ROOT, check=False).returncode
+    counts = lint_verdict(rc)
+    _say(f"=== lint: {'FAIL: ruff found problems (exit code ' + str(rc) + ')' if rc else 'ok'}")
+    return counts
+
+
+def lint_verdict(rc: int) -> dict[str, int]:
+    """Counts of the lint step from ruff's exit code (0: clean; 1: findings; 2: ruff
+    itself failed, e.g. a bad configuration or ruff missing: a failure too)."""
+    return {"passed": int(rc == 0), "failed": int(rc != 0), "skipped": 0}
+
+
+_PRINT = threading.Lock()
+
+
+def _say(text: str, prefix: str = "") -> None:
+    """Print whole lines (lanes print from threads), prefixed when given."""
+    with _PRINT:
+        for line in text.split("\n"):
+            print(f"{prefix}{line}" if prefix and line else line, flush=True)
+
+
+def default_jobs() -> int:
+    """How many combinations ``test`` runs at once: ``SPECULATORS_COMPAT_TEST_JOBS``, else
+    one per CPU up to two.
+
+    Why two lanes pay on a 2-CPU machine: a combination's suite is a chain of fresh
+    interpreters (driver, vLLM's engine core and workers) that each spend 10-20 s
+    importing torch/vLLM/transformers on one core; measured, one combination keeps about
+    one core busy on average (pytest ``user+sys`` / wall ~= 0.9-1.0), so a second
+    combination runs on the other core (docs/contributing.md has the numbers). More
+    lanes than CPUs only slow each other down.
+    """
+    env = os.environ.get("SPECULATORS_COMPAT_TEST_JOBS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def lane_order(versions: list[str], speculators: tuple[str, ...] = SPECULATORS
+               ) -> list[tuple[str, str]]:
+    """The order in which lanes take combinations: alternating vLLM envs, newest first.
+
+    The newest vLLM's combinations are the slowest (its imports are heavier), so they
+    start first; alternating envs keeps two lanes from building the same tiny checkpoint
+    (one directory per transformers version) at the same time, and balances the lanes:
+    with the last measured times (0.16: 300/393 s, 0.32: 613/593 s) two lanes end within
+    about two minutes of each other.
+    """
+    newest_first = sorted(versions, key=version_key, reverse=True)
+    return [(v, spec) for spec in reversed(speculators) for v in newest_first]
+
+
+def run_combinations(combos: list[tuple[str, str]], jobs: int, paths: list[str],
+                     extra: list[str]) -> dict[tuple[str, str], dict[str, int]]:
+    """Run the real-vLLM suites of each (vLLM, speculators) combination, ``jobs`` at a time
+    (each its own pytest process, junit file and label); counts by combination."""
+    def one(combo: tuple[str, str], prefix: str | None) -> dict[str, int]:
+        v, spec = combo
+        return _pytest(v, spec, paths, f"vllm-{v}-speculators-{spec}", extra, prefix)
+
+    if jobs <= 1 or len(combos) <= 1:
+        return {c: one(c, None) for c in combos}
+    from concurrent.futures import ThreadPoolExecutor
+
+    _say(f"\n=== running {len(combos)} combinations, {jobs} at a time "
+         "(lines prefixed with their combination; SPECULATORS_COMPAT_TEST_JOBS=1 runs "
+         "them one by one)")
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {c: pool.submit(one, c, f"[{c[0]}/{c[1]}] ") for c in combos}
+        return {c: f.result() for c, f in futures.items()}
+
+
+def test(quick: bool, extra: list[str], jobs: int | None = None) -> int:
+    """Build the envs, lint (ruff), and run unit, contract and end-to-end suites in each
+    combination."""
     versions = ["0.32.0"] if quick else sorted(CI_VERSIONS, key=version_key)
     for v in versions:
         build(v)
@@ -393,13 +501,19 @@ def test(quick: bool, extra: list[str]) -> int:
         for k in totals:
             totals[k] += c[k]
 
+    if not extra:  # a user's selection (-k, a path) is about tests, not style
+        add(lint(versions[-1]))
     add(_pytest(versions[-1], None, ["tests/unit"], "unit", extra))
-    for v in versions:
-        for spec in SPECULATORS:
-            add(_pytest(v, spec, ["tests/contract", "tests/e2e"],
-                        f"vllm-{v}-speculators-{spec}", extra))
+    t = time.time()
+    results = run_combinations(lane_order(versions), default_jobs() if jobs is None else jobs,
+                               ["tests/contract", "tests/e2e"], extra)
+    for (v, spec), counts in sorted(results.items(), key=lambda kv: (version_key(kv[0][0]),
+                                                                      kv[0][1])):
+        print(f"vllm-{v}-speculators-{spec}: {counts}", flush=True)
+        add(counts)
     print(f"\ntotal: {totals['passed']} passed, {totals['failed']} failed, "
-          f"{totals['skipped']} skipped", flush=True)
+          f"{totals['skipped']} skipped (real-vLLM suites: {time.time() - t:.0f}s wall)",
+          flush=True)
     return 1 if totals["failed"] else 0
 
 
@@ -418,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"env names (default: the CI envs; all: {' '.join(RECIPES)})")
     t = sub.add_parser("test")
     t.add_argument("--quick", action="store_true", help="only the vLLM 0.32 env")
+    t.add_argument("--jobs", type=int, default=None,
+                   help="combinations run at once (default: SPECULATORS_COMPAT_TEST_JOBS, "
+                        "else one per CPU up to 2)")
     t.add_argument("pytest_args", nargs=argparse.REMAINDER)
     d = sub.add_parser("demo")
     d.add_argument("--vllm", default="0.32.0")
@@ -431,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         for v in args.versions:
             build(v)
     elif args.cmd == "test":
-        return test(args.quick, [a for a in args.pytest_args if a != "--"])
+        return test(args.quick, [a for a in args.pytest_args if a != "--"], args.jobs)
     elif args.cmd == "demo":
         return demo(args.vllm, args.speculators, [a for a in args.demo_args if a != "--"])
     elif args.cmd == "python":

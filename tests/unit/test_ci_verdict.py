@@ -77,3 +77,44 @@ def test_unit_suite_skips_are_not_policed(tmp_path):
     cases = [("tests.unit.test_capture", "test_x", "skipped")]
     counts, problems = envs.junit_verdict(junit(tmp_path, cases), None, None, {})
     assert problems == [] and counts["skipped"] == 1
+
+
+def test_lint_verdict_fails_on_findings_and_on_ruff_errors():
+    assert envs.lint_verdict(0) == {"passed": 1, "failed": 0, "skipped": 0}
+    assert envs.lint_verdict(1)["failed"] == 1  # findings
+    assert envs.lint_verdict(2)["failed"] == 1  # ruff itself failed (config, missing)
+
+
+def test_lanes_alternate_envs_newest_first_and_cover_every_combination():
+    order = envs.lane_order(["0.16.0", "0.32.0"], ("0.3.0", "0.4.0.1"))
+    assert order == [("0.32.0", "0.4.0.1"), ("0.16.0", "0.4.0.1"),
+                     ("0.32.0", "0.3.0"), ("0.16.0", "0.3.0")]
+    # two lanes never start two combinations of one env together
+    assert order[0][0] != order[1][0]
+
+
+def test_jobs_from_environment(monkeypatch):
+    monkeypatch.setenv("SPECULATORS_COMPAT_TEST_JOBS", "1")
+    assert envs.default_jobs() == 1
+    monkeypatch.delenv("SPECULATORS_COMPAT_TEST_JOBS")
+    monkeypatch.setattr(envs.os, "cpu_count", lambda: 8)
+    assert envs.default_jobs() == 2
+    monkeypatch.setattr(envs.os, "cpu_count", lambda: 1)
+    assert envs.default_jobs() == 1
+
+
+def test_combinations_all_counted_with_lanes(monkeypatch):
+    seen = []
+
+    def fake(vllm, spec, paths, label, extra, prefix=None):
+        seen.append((label, prefix))
+        return {"passed": 1, "failed": int(spec == "bad"), "skipped": 0}
+
+    monkeypatch.setattr(envs, "_pytest", fake)
+    combos = [("0.32.0", "0.4.0.1"), ("0.16.0", "bad"), ("0.32.0", "0.3.0")]
+    results = envs.run_combinations(combos, 2, ["tests/e2e"], [])
+    assert set(results) == set(combos) and results[("0.16.0", "bad")]["failed"] == 1
+    assert all(prefix for _, prefix in seen) and len(seen) == 3
+    seen.clear()
+    envs.run_combinations(combos, 1, ["tests/e2e"], [])
+    assert [p for _, p in seen] == [None] * 3  # one by one: output passes through
