@@ -489,14 +489,64 @@ def _transport_stats(worker) -> dict | None:
     return None if exporter is None else dict(exporter.stats, segments=len(exporter.segments))
 
 
-def child_c(p: dict) -> None:
+def native_llm(llm_kwargs: dict, aux: list[int], store: Path):
+    """vLLM's ``LLM`` with its native ``extract_hidden_states`` proposer and
+    ``ExampleHiddenStatesConnector`` writing each request's hidden states of the auxiliary
+    layers ``aux`` (native id = speculators' layer id + 1) under ``store``; on a CPU build the
+    connector's CPU stand-in. Returns ``(llm, connector_name)``. Also the oracle of
+    ``tests/e2e/scripts/gpu_models.py`` where transformers cannot run a model."""
     import torch
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
+
+    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+          "kv_connector_extra_config": {"shared_storage_path": str(store)}}
+    if not torch.cuda.is_available():
+        if str(BENCH) not in sys.path:
+            sys.path.insert(0, str(BENCH))
+        kv.update(kv_connector="CpuHiddenStatesConnector", kv_connector_module_path="gpu_bench")
+    llm = LLM(**llm_kwargs, kv_transfer_config=kv, speculative_config={
+        "method": "extract_hidden_states", "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(aux)}}})
+    return llm, kv["kv_connector"]
+
+
+def native_extract(llm, batch: list[list[int]], n_aux: int, timers: dict | None = None) -> list:
+    """Hidden states of ``batch`` from a :func:`native_llm`: per sequence a tensor
+    ``[tokens, n_aux, hidden]``, in input order; every file is checked (token ids, shape),
+    loaded and removed."""
+    from vllm import SamplingParams
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
         cleanup_hidden_states,
         load_hidden_states,
     )
 
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": s} for s in batch],
+                        SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+    t1 = time.perf_counter()
+    if len(outs) != len(batch):
+        raise RuntimeError(f"LLM.generate returned {len(outs)} outputs for {len(batch)}")
+    loaded = []
+    for o, s in zip(outs, batch):
+        path = (o.kv_transfer_params or {}).get("hidden_states_path")
+        if not path:
+            raise RuntimeError(f"no hidden_states_path in {o.kv_transfer_params!r}")
+        d = load_hidden_states(path)
+        cleanup_hidden_states(path)
+        if d["token_ids"].tolist() != list(s):
+            raise RuntimeError("token_ids in the hidden-states file differ from the prompt")
+        hs = d["hidden_states"]
+        if tuple(hs.shape[:2]) != (len(s), n_aux):
+            raise RuntimeError(f"hidden_states shape {tuple(hs.shape)}, expected "
+                               f"({len(s)}, {n_aux}, hidden)")
+        loaded.append(hs)
+    if timers is not None:
+        timers["generate_s"] += t1 - t0
+        timers["load_s"] += time.perf_counter() - t1
+    return loaded
+
+
+def child_c(p: dict) -> None:
     seqs, warm = _load_tokens(p)
     res = _child_result_base(p)
     store = Path(p["c_storage"]) / f"c-{os.getpid()}"
@@ -504,11 +554,6 @@ def child_c(p: dict) -> None:
         shutil.rmtree(store)
     store.mkdir(parents=True)
     aux = [k + p["c_layer_offset"] for k in p["layers"]]
-    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": str(store)}}
-    if not torch.cuda.is_available():
-        kv.update(kv_connector="CpuHiddenStatesConnector", kv_connector_module_path="gpu_bench")
-    res["connector"] = kv["kv_connector"]
     res["aux_layer_ids"] = aux
     res["storage"] = str(store)
     kw = _llm_kwargs(p)
@@ -516,37 +561,13 @@ def child_c(p: dict) -> None:
         kw["enable_chunked_prefill"] = False  # vLLM's own example: "required"
     res["enable_chunked_prefill"] = p["c_chunked_prefill"]
     t = time.perf_counter()
-    llm = LLM(**kw, kv_transfer_config=kv, speculative_config={
-        "method": "extract_hidden_states", "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": aux}}})
+    llm, res["connector"] = native_llm(kw, aux, store)
     res["startup_s"] = time.perf_counter() - t
     res["workers"] = _try(lambda: llm.collective_rpc(_runner_info))
-    sp = SamplingParams(max_tokens=1, temperature=0.0)
     timers = {"generate_s": 0.0, "load_s": 0.0}
 
     def run(batch):
-        t0 = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": s} for s in batch], sp, use_tqdm=False)
-        t1 = time.perf_counter()
-        if len(outs) != len(batch):
-            raise RuntimeError(f"LLM.generate returned {len(outs)} outputs for {len(batch)}")
-        loaded = []
-        for o, s in zip(outs, batch):
-            path = (o.kv_transfer_params or {}).get("hidden_states_path")
-            if not path:
-                raise RuntimeError(f"no hidden_states_path in {o.kv_transfer_params!r}")
-            d = load_hidden_states(path)
-            cleanup_hidden_states(path)
-            if d["token_ids"].tolist() != list(s):
-                raise RuntimeError("token_ids in the hidden-states file differ from the prompt")
-            hs = d["hidden_states"]
-            if tuple(hs.shape[:2]) != (len(s), len(aux)):
-                raise RuntimeError(f"hidden_states shape {tuple(hs.shape)}, expected "
-                                   f"({len(s)}, {len(aux)}, hidden)")
-            loaded.append(hs)
-        timers["generate_s"] += t1 - t0
-        timers["load_s"] += time.perf_counter() - t1
-        return loaded
+        return native_extract(llm, batch, len(aux), timers)
 
     t = time.perf_counter()
     run(warm)

@@ -54,6 +54,7 @@ def reference_hidden_states(
     dtype: str | torch.dtype = "bfloat16",
     *,
     apply_llama_4_scaling: bool = True,
+    device: str = "cpu",
 ) -> list[list[torch.Tensor]]:
     """Outputs of decoder layers ``layer_ids`` for each token sequence, computed by transformers.
 
@@ -80,9 +81,10 @@ def reference_hidden_states(
 
     torch_dtype = _as_dtype(dtype)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.fspath(model_path), dtype=torch_dtype
+        os.fspath(model_path), dtype=torch_dtype,
+        **({"device_map": device} if device != "cpu" else {}),
     )
-    model = model.to("cpu").eval()
+    model = model.to(device).eval()
     layers = model.model.layers
     n_layers = len(layers)
     layer_ids = [int(k) for k in layer_ids]
@@ -111,7 +113,8 @@ def reference_hidden_states(
                 if not ids:
                     raise ValueError("empty sequence")
                 captured.clear()
-                model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False)
+                model(input_ids=torch.tensor([ids], dtype=torch.long, device=device),
+                      use_cache=False)
                 per_layer = []
                 for k in layer_ids:
                     hs = captured[k]
@@ -248,7 +251,7 @@ def _llama_4_scaling_hooks(model: torch.nn.Module, scaling: dict[str, Any]) -> l
     beta = float(scaling["beta"])
 
     def hook(_module: torch.nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(output.shape[-2], dtype=torch.float32)
+        positions = torch.arange(output.shape[-2], dtype=torch.float32, device=output.device)
         factor = 1 + beta * torch.log(1 + torch.floor(positions / orig))
         return (output.float() * factor[:, None]).to(output.dtype)
 

@@ -1,0 +1,507 @@
+"""GPU run of issue 16: real-shape random-weight models through speculators' unchanged generator.
+
+Models (``real_shapes.MODELS``): Kimi-K2.5 (``KimiK25ForConditionalGeneration``), DeepSeek-V3
+with block-FP8 weights and its bf16 twin, Qwen3-MoE at Qwen3-30B-A3B's shape, GPT-OSS at
+gpt-oss-20b's shape; published dimensions, fewer layers (and experts for DeepSeek/Kimi).
+
+Tasks, each in a fresh process (results kept in ``--work`` so a second call resumes):
+
+- ``build:<model>``: the checkpoint, built on the GPU (``real_shapes.build``);
+- ``native:<model>`` (Kimi-K2.5, DeepSeek-V3 FP8): the oracle where transformers cannot run
+  the checkpoint -- vLLM's own ``extract_hidden_states`` on the same vLLM and tokens
+  (``benchmarks/gpu_bench.native_llm``; speculators' layer k = auxiliary layer k + 1), saved;
+- ``gen:<model>:<release>``: speculators' ``VllmHiddenStatesGenerator`` through the shim
+  (``speculators_compat.activate()``), ``generate()`` on batches of 1, 11 and 33 sequences of
+  mixed lengths (the longest batch holds one of ``--max-len`` tokens); every batch must come
+  back whole and in input order; then the oracle: a transformers forward on the GPU of the
+  same checkpoint (bf16 DeepSeek-V3, Qwen3-MoE, GPT-OSS), or the native file (Kimi, FP8), and
+  for FP8 also the transformers forward of the bf16 twin (its dequantized weights) with the
+  looser ``--twin-*`` tolerances (FP8 activations). Per-layer minimum cosine, relative L2 and
+  max error go to the JSON.
+
+``<out>/gpu_models.json`` is rewritten after every task. TP=2 runs only where 2 GPUs exist;
+otherwise the JSON says "not run: no 2-GPU machine".
+
+Device: ``bash tools/gpu_models.sh .gpu-kit/parts/kit.part02`` (after the two stash calls).
+CPU test (tiny dimensions; FP8 skipped: vLLM's CPU build has no block-FP8 kernels)::
+
+    PYTHONPATH=src .envs/vllm-0.32.0/bin/python tests/e2e/scripts/gpu_models.py --tiny \\
+        --out /tmp/gm --spec 0.4.0.1=.envs/speculators-0.4.0.1 \\
+        --models qwen3_moe,deepseek_v3 --max-len 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent
+BENCH = ROOT / "benchmarks"
+ALL_MODELS = "kimi_k25,deepseek_v3_fp8,deepseek_v3,qwen3_moe,gpt_oss"
+#: What each layer of a correct result measured against its oracle must reach. The default
+#: (``reference.compare``'s) is for bf16 vs bf16; the twin comparison adds FP8 activation
+#: quantization and is set from the observed values (docs/gpu.md).
+TWIN_DEFAULTS = {"min_cosine": 0.95, "max_rel_l2_err": 0.25, "max_rel_abs_err": 0.5}
+
+
+# ------------------------------------------------------------------------------ helpers
+def sequences(vocab: int, batches: str, min_len: int, max_len: int) -> list[list[list[int]]]:
+    """The batches' token ids, identical in every task of a model (seeded by batch index);
+    ids avoid the special tokens (0..4) and the top 8 ids (Kimi's media placeholder); the
+    largest batch's first sequence has exactly ``max_len`` tokens."""
+    from speculators_compat.demo.runner import make_sequences
+
+    out = [make_sequences(int(n), seed=i, min_len=min_len, max_len=max_len, vocab=vocab - 8)
+           for i, n in enumerate(batches.split(","))]
+    big = max(range(len(out)), key=lambda i: len(out[i]))
+    first = out[big][0]
+    out[big][0] = (first * (max_len // len(first) + 1))[:max_len]
+    return out
+
+
+def _write(path: Path, obj) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.replace(path)
+
+
+def _layer_stats(cmp: dict, layers: list[int]) -> dict:
+    per = cmp.get("per_layer") or []
+    return {str(k): per[j] if j < len(per) else None for j, k in enumerate(layers)}
+
+
+def _compare(actual, expected, layers, tol: dict | None = None) -> dict:
+    from speculators_compat.demo.reference import compare
+
+    if len(actual) != len(expected):
+        return {"ok": False, "reasons": [f"{len(actual)} results vs {len(expected)} references"]}
+    cmp = compare(actual, expected, **(tol or {}))
+    return {"ok": cmp["ok"], "min_cosine": cmp["min_cosine"],
+            "max_rel_l2_err": cmp["max_rel_l2_err"], "max_rel_abs_err": cmp["max_rel_abs_err"],
+            "per_layer": _layer_stats(cmp, layers), "thresholds": cmp["thresholds"],
+            "reasons": cmp["reasons"][:5]}
+
+
+def _runner_info(worker) -> dict:
+    r = getattr(worker, "model_runner", None)
+    t = type(r)
+    inner = type(getattr(worker, "worker", None) or worker)
+    return {"runner": f"{t.__module__}.{t.__name__}",
+            "model": type(getattr(r, "model", None)).__name__,
+            "worker": f"{inner.__module__}.{inner.__name__}"}
+
+
+# ------------------------------------------------------------------------------ children
+def child_build(p: dict) -> dict:
+    import real_shapes
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    info = real_shapes.build(p["model"], p["ckpts"], device=device, tiny=p["tiny"])
+    return {"ok": True, "device": device, **{k: info[k] for k in (
+        "path", "bytes", "seconds", "capture", "oracle", "vocab_size", "text_config")},
+        "fp8_roundtrip": info.get("fp8_roundtrip")}
+
+
+def _native_kwargs(p: dict, path: str) -> dict:
+    kw = dict(model=path, trust_remote_code=True, enforce_eager=True,
+              enable_prefix_caching=False, max_model_len=p["max_model_len"], seed=0,
+              max_num_seqs=32, max_num_batched_tokens=max(8192, p["max_model_len"]),
+              gpu_memory_utilization=p["native_gpu_mem"], enable_chunked_prefill=False)
+    if p["model"] == "kimi_k25":
+        kw["language_model_only"] = True  # text-only prompts; the vision tower is not built
+    return kw
+
+
+def child_native(p: dict) -> dict:
+    import torch
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(BENCH))
+    import gpu_bench
+
+    build = p["build"]
+    aux = [k + 1 for k in build["capture"]]
+    store = Path(p["work"]) / f"native-store-{p['model']}"
+    store.mkdir(parents=True, exist_ok=True)
+    res: dict = {"aux_layer_ids": aux}
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(function)
+    t = time.time()
+    kw = _native_kwargs(p, build["path"])
+    try:
+        llm, res["connector"] = gpu_bench.native_llm(kw, aux, store)
+    except TypeError as exc:  # a vLLM without language_model_only
+        if "language_model_only" not in str(exc):
+            raise
+        kw.pop("language_model_only")
+        llm, res["connector"] = gpu_bench.native_llm(kw, aux, store)
+    res["startup_s"] = time.time() - t
+    res["workers"] = gpu_bench._try(lambda: llm.collective_rpc(_runner_info))
+    tensors = {}
+    for b, batch in enumerate(sequences(build["vocab_size"], p["batches"], p["min_len"],
+                                        p["max_len"])):
+        t = time.time()
+        got = gpu_bench.native_extract(llm, batch, len(aux))
+        res.setdefault("batch_s", []).append(time.time() - t)
+        for i, hs in enumerate(got):
+            tensors[f"{b}.{i}"] = hs.to(torch.bfloat16).contiguous()
+    path = Path(p["work"]) / f"native-{p['model']}.safetensors"
+    save_file(tensors, str(path), metadata={"aux": json.dumps(aux)})
+    res.update(ok=True, file=str(path), sequences=len(tensors))
+    return res
+
+
+def _shutdown(gen) -> None:
+    ex = getattr(gen, "executor", None)
+    if ex is not None and hasattr(ex, "shutdown"):
+        ex.shutdown()
+
+
+def child_gen(p: dict) -> dict:
+    import torch
+
+    import speculators_compat
+
+    build = p["build"]
+    layers = list(build["capture"])
+    batches = sequences(build["vocab_size"], p["batches"], p["min_len"], p["max_len"])
+    res: dict = {"layers": layers, "batches": []}
+    res["report"] = {a["name"]: a["status"] for a in
+                     speculators_compat.activate().as_dict().get("adapters", [])}
+    from speculators.data_generation.vllm_hidden_states_generator import (
+        VllmHiddenStatesGenerator,
+    )
+
+    t = time.time()
+    kw = {"gpu_memory_utilization": p["gpu_mem"]}
+    if p["tp"] != 1:
+        kw["tensor_parallel_size"] = p["tp"]
+    gen = VllmHiddenStatesGenerator(build["path"], layer_ids=layers,
+                                    max_model_len=p["max_model_len"], **kw)
+    res["startup_s"] = time.time() - t
+    res["generator_layer_ids"] = list(gen.layer_ids)
+    try:
+        res["workers"] = gen.executor.collective_rpc(_runner_info)
+    except Exception as exc:  # noqa: BLE001 - informational
+        res["workers"] = f"{type(exc).__name__}: {exc}"
+    outputs = []
+    for batch in batches:
+        t = time.time()
+        out = gen.generate([list(s) for s in batch])
+        dt = time.time() - t
+        whole = len(out) == len(batch)
+        order = whole and all(r["input_ids"].tolist() == list(s) for r, s in zip(out, batch))
+        shapes = whole and all(
+            len(r["hidden_states"]) == len(layers)
+            and all(tuple(h.shape[:1]) == (len(s),) for h in r["hidden_states"])
+            for r, s in zip(out, batch))
+        res["batches"].append({"size": len(batch), "returned": len(out), "seconds": dt,
+                               "tokens": sum(map(len, batch)), "max_len": max(map(len, batch)),
+                               "input_order": bool(order), "shapes": bool(shapes),
+                               "dtypes": sorted({str(h.dtype) for r in out
+                                                 for h in r["hidden_states"]})})
+        outputs.append([[h.to("cpu") for h in r["hidden_states"]] for r in out])
+        del out
+    _shutdown(gen)
+    del gen
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    flat = [s for b in batches for s in b]
+    got = [seq for b in outputs for seq in b]
+    if len(flat) != len(got):
+        raise RuntimeError(f"{len(got)} results for {len(flat)} sequences")
+    oracle = build["oracle"]
+    res["oracle"] = oracle
+    checks = {}
+    if oracle == "transformers":
+        from speculators_compat.demo.reference import reference_hidden_states
+
+        t = time.time()
+        ref = reference_hidden_states(build["path"], flat, layers, device=device)
+        res["reference_s"] = time.time() - t
+        checks["transformers"] = _compare(got, ref, layers)
+    else:
+        from safetensors import safe_open
+
+        native = Path(p["work"]) / f"native-{p['model']}.safetensors"
+        ref = []
+        with safe_open(str(native), "pt") as fh:
+            keys = [f"{b}.{i}" for b, batch in enumerate(batches) for i in range(len(batch))]
+            names = set(fh.keys())  # noqa: SIM118 - safe_open is not iterable
+            missing = [k for k in keys if k not in names]
+            if missing:
+                raise RuntimeError(f"native file lacks {missing[:4]}")
+            for k in keys:
+                hs = fh.get_tensor(k)
+                ref.append([hs[:, j, :] for j in range(hs.shape[1])])
+        checks["native"] = _compare(got, ref, layers)
+        if p.get("twin"):
+            from speculators_compat.demo.reference import reference_hidden_states
+
+            t = time.time()
+            tref = reference_hidden_states(p["twin"], flat, layers, device=device)
+            res["reference_s"] = time.time() - t
+            checks["bf16_twin"] = _compare(got, tref, layers, p["twin_tol"])
+    res["checks"] = checks
+    ok_batches = all(b["returned"] == b["size"] and b["input_order"] and b["shapes"]
+                     for b in res["batches"])
+    res["ok"] = bool(ok_batches and checks and all(c["ok"] for c in checks.values()))
+    return res
+
+
+CHILDREN = {"build": child_build, "native": child_native, "gen": child_gen}
+
+
+def child_main(params_file: str) -> None:
+    p = json.loads(Path(params_file).read_text())
+    sys.path[:0] = [str(HERE)]
+    t = time.time()
+    try:
+        res = CHILDREN[p["kind"]](p)
+    except BaseException as exc:  # noqa: BLE001 - recorded, then re-raised
+        res = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+               "traceback": traceback.format_exc()[-4000:]}
+        res["wall_s"] = time.time() - t
+        _write(Path(p["result"]), res)
+        raise
+    res["wall_s"] = time.time() - t
+    _write(Path(p["result"]), res)
+
+
+# ------------------------------------------------------------------------------ parent
+def _n_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def plan(a, n_gpus: int) -> list[dict]:
+    """Tasks with their dependencies (ids of tasks that must have passed first)."""
+    import real_shapes
+
+    tasks = []
+    models = a.models.split(",")
+    built = set()
+    for m in models:
+        b = "deepseek_v3_fp8" if m == "deepseek_v3" and "deepseek_v3_fp8" in models else m
+        if b not in built:
+            built.add(b)
+            tasks.append({"id": f"build:{b}", "kind": "build", "model": b, "deps": []})
+    for m in models:
+        spec = real_shapes.MODELS[m]
+        b = "deepseek_v3_fp8" if m == "deepseek_v3" and "deepseek_v3_fp8" in models else m
+        deps = [f"build:{b}"]
+        if spec["oracle"].startswith("native"):
+            tasks.append({"id": f"native:{m}", "kind": "native", "model": m, "deps": deps})
+            deps = deps + [f"native:{m}"]
+        for ver, d in a.spec:
+            tasks.append({"id": f"gen:{m}:{ver}", "kind": "gen", "model": m, "spec": ver,
+                          "spec_dir": d, "tp": 1, "deps": deps})
+        if m in ("kimi_k25", "deepseek_v3_fp8") and a.tp2:
+            if n_gpus >= 2:
+                for ver, d in a.spec:
+                    tasks.append({"id": f"gen:{m}:{ver}:tp2", "kind": "gen", "model": m,
+                                  "spec": ver, "spec_dir": d, "tp": 2, "deps": deps})
+            else:
+                tasks.append({"id": f"gen:{m}:tp2", "kind": "skip", "model": m, "deps": [],
+                              "reason": "not run: no 2-GPU machine"})
+    return tasks
+
+
+def main(a) -> int:
+    out, work = Path(a.out), Path(a.work)
+    out.mkdir(parents=True, exist_ok=True)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    (work / "results").mkdir(parents=True, exist_ok=True)
+    sys.path[:0] = [str(HERE), str(ROOT / "src")] + ([a.site] if a.site else [])
+    n_gpus = _n_gpus()
+    tasks = plan(a, n_gpus)
+    deadline = time.time() + a.deadline
+    meta = {"started": time.time(), "n_gpus": n_gpus, "batches": a.batches,
+            "min_len": a.min_len, "max_len": a.max_len, "max_model_len": a.max_model_len,
+            "tiny": a.tiny, "twin_tolerances": a.twin_tol, "python": sys.version.split()[0]}
+    try:
+        import importlib.metadata as md
+
+        import torch
+        import transformers
+
+        meta.update(torch=torch.__version__, transformers=transformers.__version__,
+                    vllm=md.version("vllm"),
+                    gpu=torch.cuda.get_device_name(0) if n_gpus else None)
+    except Exception as exc:  # noqa: BLE001
+        meta["versions_error"] = str(exc)
+    try:
+        meta["shim_commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+                                             capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    results: dict[str, dict] = {}
+
+    def load(t):
+        f = work / "results" / (t["id"].replace(":", "_") + ".json")
+        return json.loads(f.read_text()) if f.exists() else None
+
+    def save():
+        rows = [{"id": t["id"], **{k: t.get(k) for k in ("kind", "model", "spec", "tp")},
+                 **results.get(t["id"], {"ok": None, "status": "not run"})} for t in tasks]
+        _write(out / "gpu_models.json", {"meta": meta, "runs": rows})
+
+    for t in tasks:  # resume: what an earlier call finished stays
+        prev = load(t)
+        if t["kind"] == "skip":
+            results[t["id"]] = {"ok": None, "status": t["reason"]}
+        elif prev is not None and prev.get("ok"):
+            results[t["id"]] = {**prev, "from_earlier_call": True}
+    save()
+    running: list[tuple[dict, subprocess.Popen, float]] = []
+    gpu_rr = 0
+    while True:
+        pending = [t for t in tasks if t["id"] not in results
+                   and all(x["id"] != t["id"] for x, _, _ in running)]
+        ready = []
+        for t in pending:
+            deps = [results.get(d) for d in t["deps"]]
+            if any(d is not None and not d.get("ok") for d in deps):
+                results[t["id"]] = {"ok": False, "status": "not run: a prerequisite failed",
+                                    "deps": t["deps"]}
+                save()
+            elif all(d is not None for d in deps):
+                ready.append(t)
+        builds = sum(1 for t, _, _ in running if t["kind"] == "build")
+        for t in ready:
+            if len(running) >= a.parallel or time.time() > deadline - a.min_start_left:
+                break
+            if t["kind"] == "build" and builds >= a.parallel_builds:
+                continue
+            builds += t["kind"] == "build"
+            running.append((t, _start(a, t, results, work, n_gpus, gpu_rr), time.time()))
+            gpu_rr += 1
+            print(f"start {t['id']}", flush=True)
+        if not running:
+            break
+        time.sleep(1)
+        still = []
+        for t, proc, t0 in running:
+            rc = proc.poll()
+            if rc is None and time.time() < deadline and time.time() - t0 < a.timeout:
+                still.append((t, proc, t0))
+                continue
+            if rc is None:
+                try:
+                    os.killpg(proc.pid, 9)
+                except OSError:
+                    pass
+                proc.wait()
+                rc = "timeout"
+            res = load(t) or {"ok": False, "error": f"no result (rc={rc})"}
+            res["rc"] = rc
+            res["seconds"] = time.time() - t0
+            if not res.get("ok"):
+                log = work / "logs" / (t["id"].replace(":", "_") + ".log")
+                res["log_tail"] = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            results[t["id"]] = res
+            print(f"{'PASS' if res.get('ok') else 'FAIL'} {t['id']} {_brief(res)}", flush=True)
+            save()
+        running = still
+    for t in tasks:
+        if t["id"] not in results:
+            results[t["id"]] = {"ok": None, "status": "not run: deadline reached"}
+    meta["finished"] = time.time()
+    save()
+    return 0 if all(r.get("ok") or r.get("ok") is None for r in results.values()) else 1
+
+
+def _brief(res: dict) -> str:
+    if "checks" in res:
+        return " ".join(f"{k}: min_cos={v.get('min_cosine')} rel_l2={v.get('max_rel_l2_err')}"
+                        for k, v in res["checks"].items())
+    return (res.get("error") or "")[:400]
+
+
+def _start(a, t: dict, results: dict, work: Path, n_gpus: int, rr: int) -> subprocess.Popen:
+    name = t["id"].replace(":", "_")
+    res_file = work / "results" / f"{name}.json"
+    res_file.unlink(missing_ok=True)
+    build_id = [d for d in t["deps"] if d.startswith("build:")]
+    build = dict(results[build_id[0]]) if build_id else {}
+    if build_id and t["model"] != build_id[0].split(":", 1)[1]:
+        # deepseek_v3 is built with deepseek_v3_fp8: same root, its own directory
+        import real_shapes
+
+        build = dict(build, path=str(Path(a.ckpts) / t["model"]),
+                     capture=real_shapes.MODELS[t["model"]]["capture"],
+                     oracle=real_shapes.MODELS[t["model"]]["oracle"])
+    p = {"kind": t["kind"], "model": t["model"], "result": str(res_file), "work": str(work),
+         "ckpts": a.ckpts, "tiny": a.tiny, "batches": a.batches, "min_len": a.min_len,
+         "max_len": a.max_len, "max_model_len": a.max_model_len, "gpu_mem": a.gpu_mem,
+         "native_gpu_mem": a.native_gpu_mem, "tp": t.get("tp", 1), "build": build,
+         "twin_tol": a.twin_tol}
+    if t["model"] == "deepseek_v3_fp8" and t["kind"] == "gen":
+        p["twin"] = str(Path(a.ckpts) / "deepseek_v3")
+    pfile = work / "results" / f"{name}.params.json"
+    pfile.write_text(json.dumps(p))
+    env = dict(os.environ)
+    spec_dir = [t["spec_dir"]] if t.get("spec_dir") else []
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *spec_dir, str(HERE), str(BENCH)]
+                                        + ([a.site] if a.site else []))
+    env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
+    env.pop("SPECULATORS_COMPAT_ACTIVE", None)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    if n_gpus and t.get("tp", 1) == 1:
+        env["CUDA_VISIBLE_DEVICES"] = str(rr % n_gpus)
+    log = open(work / "logs" / f"{name}.log", "w")  # noqa: SIM115 - handed to the child
+    return subprocess.Popen([a.python, __file__, "--child", str(pfile)], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, cwd=str(work), start_new_session=True)
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--child")
+    p.add_argument("--out", default="/tmp/gpu-models-out")
+    p.add_argument("--work", default="/tmp/gpu-models")
+    p.add_argument("--ckpts", default=None, help="default: <work>/ckpts")
+    p.add_argument("--site", default=None)
+    p.add_argument("--spec", action="append", default=[], type=lambda s: tuple(s.split("=", 1)))
+    p.add_argument("--models", default=ALL_MODELS)
+    p.add_argument("--batches", default="1,11,33")
+    p.add_argument("--min-len", type=int, default=16)
+    p.add_argument("--max-len", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--gpu-mem", type=float, default=0.08)
+    p.add_argument("--native-gpu-mem", type=float, default=0.2)
+    p.add_argument("--twin-tol", type=json.loads, default=dict(TWIN_DEFAULTS))
+    p.add_argument("--tp2", action="store_true")
+    p.add_argument("--tiny", action="store_true", help="CPU test dimensions")
+    p.add_argument("--parallel", type=int, default=4)
+    p.add_argument("--parallel-builds", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=520)
+    p.add_argument("--deadline", type=float, default=540)
+    p.add_argument("--min-start-left", type=float, default=150,
+                   help="start no task with less than this many seconds before the deadline")
+    p.add_argument("--python", default=sys.executable)
+    a = p.parse_args(argv)
+    a.ckpts = a.ckpts or str(Path(a.work) / "ckpts")
+    a.spec = [(v, os.path.abspath(d)) for v, d in a.spec]
+    return a
+
+
+if __name__ == "__main__":
+    args = parse()
+    if args.child:
+        child_main(args.child)
+    else:
+        sys.exit(main(args))

@@ -1,0 +1,20 @@
+# Device-side preamble shared by tools/gpu_run.sh, tools/gpu_bench.sh and tools/gpu_models.sh
+# (sourced, not run): stash the kit parts named before `--`, install the kit (once per
+# machine), set the offline / NCCL environment. Leaves the arguments after `--` in
+# GPU_ARGS, the install start time in GPU_T0, and cds to the repository root.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+_parts=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do _parts+=("$1"); shift; done
+[ "${1:-}" = "--" ] && shift
+GPU_ARGS=("$@")
+if [ ${#_parts[@]} -gt 0 ]; then python3 tools/gpu_kit.py stash "${_parts[@]}" || exit 1; fi
+GPU_T0=$(date +%s)
+python3 tools/gpu_kit.py install || exit 1
+echo "kit install: $(( $(date +%s) - GPU_T0 )) s"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# Keep NVLink multicast off (shared hosts; see the device tool's KINDS.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Both speculators releases unless the arguments name --spec themselves.
+GPU_SPECS=(--spec 0.3.0=/root/spec-0.3.0 --spec 0.4.0.1=/root/spec-0.4.0.1)
+case " ${GPU_ARGS[*]:-} " in *" --spec "*) GPU_SPECS=() ;; esac
