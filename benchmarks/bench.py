@@ -2,29 +2,34 @@
 
 Measures, on one checkpoint, one set of token sequences and one machine, each run in a
 fresh process (the script re-invokes itself with ``--child MODE``), modes alternating
-``a, b, d, c_vllm, c_activate, c_activate_warm`` for ``--repeats`` rounds:
+in this order for ``--repeats`` rounds (the report's letter in brackets; the letters and
+the earlier names ``a, b, d, c_vllm, c_activate, c_activate_warm`` are accepted too):
 
-  a                vLLM's own prefill-only throughput: ``LLM.generate`` with ``max_tokens=1``,
-                   prefix caching off, scheduler limits matched to speculators' (the ceiling
-                   for extracting through that engine; no hidden states leave the engine).
-  b                speculators' unchanged ``VllmHiddenStatesGenerator`` through the shim,
-                   4 layers, same tokens; includes returning every hidden state to the
+  vllm_prefill     (a) vLLM's own prefill-only throughput: ``LLM.generate`` with
+                   ``max_tokens=1``, prefix caching off, scheduler limits matched to
+                   speculators' (the ceiling for extracting through that engine; no hidden
+                   states leave the engine).
+  generator        (b) speculators' unchanged ``VllmHiddenStatesGenerator`` through the
+                   shim, 4 layers, same tokens; includes returning every hidden state to the
                    driver. Time broken down by driver-side timers (schedule, execute_model,
                    each collective_rpc, rest).
-  d                the capture's own cost: one generator, ``generate`` timed with the capture
-                   on and off in ABBA order (off: hooks removed in the worker through a
-                   ``collective_rpc`` callable; speculators' generate then runs every step and
-                   ends with "Failed to capture hidden states", caught and timed).
-  c_vllm           ``import vllm`` (and then ``from vllm import LLM``) in a fresh process.
-  c_activate       after ``import vllm``: ``import speculators_compat; activate()``, which
-                   includes importing speculators' generator module.
-  c_activate_warm  after ``import vllm`` and speculators' generator module (with the one
-                   transformers-5 fix it needs to import): ``activate()`` alone, i.e. the
-                   shim's own cost.
+  capture_on_off   (d) the capture's own cost: one generator, ``generate`` timed with the
+                   capture on and off in ABBA order (off: hooks removed in the worker
+                   through a ``collective_rpc`` callable; speculators' generate then runs
+                   every step and ends with "Failed to capture hidden states", caught and
+                   timed).
+  import_vllm      (c) ``import vllm`` (and then ``from vllm import LLM``) in a fresh
+                   process.
+  activate_cold    (c) after ``import vllm``: ``import speculators_compat; activate()``,
+                   which includes importing speculators' generator module.
+  activate_warm    (c) after ``import vllm`` and speculators' generator module (with the
+                   one transformers-5 fix it needs to import): ``activate()`` alone, i.e.
+                   the shim's own cost.
 
-Every (a)/(b)/(d) call also records the CPU time of each process of the child's tree and,
-through ``collective_rpc`` callables, the worker's own ``execute_model``/``sample_tokens``
-wall and CPU time (the forward itself, comparable between (a) and (b)).
+The timers live in ``benchmarks/bench_timers.py``. Every (a)/(b)/(d) call records the
+CPU time of each process of the child's tree and, through ``collective_rpc`` callables,
+the worker's own ``execute_model``/``sample_tokens`` wall and CPU time (the forward
+itself, comparable between (a) and (b)).
 
 Usage (one command; see docs/performance.md)::
 
@@ -56,9 +61,18 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_timers  # noqa: E402  (benchmarks/bench_timers.py: the timers)
+from perfreport import LETTERS, MODE_ALIASES, canonical_mode  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "@@BENCH-RESULT@@ "
-MODES = ("a", "b", "d", "c_vllm", "c_activate", "c_activate_warm")
+#: The modes, run in this order each round. The report labels them with letters
+#: (``perfreport.LETTERS``); the letters and earlier names are accepted as aliases
+#: (``perfreport.MODE_ALIASES``: ``a``, ``b``, ``d``, ``c_vllm``, ``c_activate``,
+#: ``c_activate_warm``), and results files recorded with them still render.
+MODES = ("vllm_prefill", "generator", "capture_on_off", "import_vllm", "activate_cold",
+         "activate_warm")
 GENERATOR_MODULE = "speculators.data_generation.vllm_hidden_states_generator"
 # speculators 0.3/0.4 generator constants (vllm_hidden_states_generator.py)
 SPEC_MAX_NUM_SEQS = 32
@@ -91,101 +105,6 @@ def _warmup_sequences(p: dict) -> list[list[int]]:
         return make_sequences(p["num_seqs"], seed=99, min_len=p["seq_len"],
                               max_len=p["seq_len"], vocab=p["vocab_size"])
     return make_sequences(2, seed=99, min_len=16, max_len=16, vocab=p["vocab_size"])
-
-
-def _process_tree_info() -> list[dict]:
-    """Threads and CPU affinity of this process and its children (vLLM's workers)."""
-    try:
-        import psutil
-    except ImportError:
-        return []
-    me = psutil.Process()
-    out = []
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            out.append({"pid": proc.pid, "name": proc.name(), "threads": proc.num_threads(),
-                        "affinity": proc.cpu_affinity() if hasattr(proc, "cpu_affinity")
-                        else None})
-        except psutil.Error:
-            pass
-    return out
-
-
-def _cpu_times() -> dict[int, tuple[str, float]]:
-    """CPU seconds (user + system) of this process and its descendants, by pid."""
-    try:
-        import psutil
-    except ImportError:
-        return {}
-    me = psutil.Process()
-    out = {}
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            ct = proc.cpu_times()
-            name = "driver" if proc.pid == me.pid else proc.name()
-            out[proc.pid] = (name, ct.user + ct.system)
-        except psutil.Error:
-            pass
-    return out
-
-
-def _cpu_delta(before: dict, after: dict) -> dict[str, float]:
-    """CPU seconds spent between two snapshots, summed by process name."""
-    out: dict[str, float] = {}
-    for pid, (name, cpu) in after.items():
-        out[name] = out.get(name, 0.0) + cpu - before.get(pid, (name, 0.0))[1]
-    return {k: v for k, v in out.items() if v > 0.0005}
-
-
-class Timers:
-    """Wall-clock totals of wrapped instance methods (driver side). Data untouched.
-
-    Only outermost calls count towards the breakdown; a wrapped call made inside another
-    (``execute_model`` sends ``collective_rpc("execute_model")``) is recorded separately
-    under ``nested`` as ``outer>inner``.
-    """
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.calls: dict[str, int] = {}
-        self.nested: dict[str, float] = {}
-        self._stack: list[str] = []
-
-    def reset(self) -> None:
-        self.seconds.clear()
-        self.calls.clear()
-        self.nested.clear()
-
-    def wrap(self, obj, name: str, *, by_method: bool = False) -> None:
-        orig = getattr(obj, name)
-        timers = self
-
-        def timed(*args, **kwargs):
-            key = name
-            if by_method:
-                m = args[0] if args else kwargs.get("method")
-                key = f"{name}:{m if isinstance(m, str) else getattr(m, '__name__', 'callable')}"
-            outer = timers._stack[-1] if timers._stack else None
-            timers._stack.append(key)
-            t = time.perf_counter()
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                dt = time.perf_counter() - t
-                timers._stack.pop()
-                if outer is None:
-                    timers.seconds[key] = timers.seconds.get(key, 0.0) + dt
-                    timers.calls[key] = timers.calls.get(key, 0) + 1
-                else:
-                    k = f"{outer}>{key}"
-                    timers.nested[k] = timers.nested.get(k, 0.0) + dt
-
-        setattr(obj, name, timed)
-
-    def snapshot(self, total: float) -> dict:
-        rest = total - sum(self.seconds.values())
-        return {"seconds": {**dict(self.seconds), "rest": rest}, "calls": dict(self.calls),
-                "nested": dict(self.nested)}
 
 
 def _configs(vllm_config) -> dict:
@@ -238,7 +157,7 @@ def child_build(p: dict) -> dict:
                                                 "vocab_size", "dtype", "torch_dtype")}}
 
 
-def child_a(p: dict) -> dict:
+def child_vllm_prefill(p: dict) -> dict:
     t = time.perf_counter()
     from vllm import LLM, SamplingParams
     import_s = time.perf_counter() - t
@@ -273,16 +192,16 @@ def child_a(p: dict) -> dict:
     t = time.perf_counter()
     llm.generate(prompts(_warmup_sequences(p)), sp, use_tqdm=False)
     warm_s = time.perf_counter() - t
-    steps_ok = _try(lambda: llm.collective_rpc(_time_worker_steps))
+    steps_ok = _try(lambda: llm.collective_rpc(bench_timers.time_worker_steps))
     calls, cpus, steps, ok = [], [], [], True
     for _ in range(p["calls"]):
-        c0 = _cpu_times()
+        c0 = bench_timers.cpu_times()
         t = time.perf_counter()
         outs = llm.generate(prompts(seqs), sp, use_tqdm=False)
         calls.append(time.perf_counter() - t)
-        cpus.append(_cpu_delta(c0, _cpu_times()))
+        cpus.append(bench_timers.cpu_delta(c0, bench_timers.cpu_times()))
         if steps_ok is True or isinstance(steps_ok, list):
-            steps.append(llm.collective_rpc(_read_worker_steps)[0])
+            steps.append(llm.collective_rpc(bench_timers.read_worker_steps)[0])
         ok = ok and (len(outs) == len(seqs)
                      and all(list(o.prompt_token_ids) == s for o, s in zip(outs, seqs))
                      and all(len(o.outputs[0].token_ids) == 1 for o in outs))
@@ -290,13 +209,13 @@ def child_a(p: dict) -> dict:
     tokens = sum(len(s) for s in seqs)
     gen_s = statistics.median(calls)
     return {"tokens": tokens, "seconds": gen_s, "tokens_per_s": tokens / gen_s,
-            "calls_s": calls, "cpu_s": _median_cpu(cpus), "cpu_s_per_call": cpus,
-            "worker_steps": _median_steps(steps), "worker_steps_per_call": steps,
+            "calls_s": calls, "cpu_s": bench_timers.median_cpu(cpus), "cpu_s_per_call": cpus,
+            "worker_steps": bench_timers.median_steps(steps), "worker_steps_per_call": steps,
             "worker_steps_error": None if isinstance(steps_ok, list) else steps_ok,
             "startup_s": startup_s, "import_s": import_s,
             "warmup_s": warm_s, "ok": ok,
             "config": _configs(llm.llm_engine.vllm_config), "llm_defaults": defaults,
-            "processes": _process_tree_info()}
+            "processes": bench_timers.process_tree_info()}
 
 
 def _capture_off(worker) -> bool:
@@ -309,71 +228,6 @@ def _capture_off(worker) -> bool:
     cap.remove()
     cap.enabled = False
     return True
-
-
-def _timed(fn, stats: dict, cpu_clock):
-    """``fn`` wrapped to add its CPU time (``cpu_clock``) and wall time to ``stats``."""
-
-    def timed(*args, **kwargs):
-        c, w = cpu_clock(), time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            stats["cpu_s"] += cpu_clock() - c
-            stats["wall_s"] += time.perf_counter() - w
-            stats["calls"] += 1
-
-    return timed
-
-
-def _take(stats: dict | None) -> dict | None:
-    """A copy of timer ``stats``, which are then reset (``None`` if never installed)."""
-    if stats is None:
-        return None
-    out = dict(stats)
-    stats.update(cpu_s=0.0, wall_s=0.0, calls=0)
-    return out
-
-
-def _time_hooks(worker) -> int:
-    """Runs in the worker: wrap the capture's forward hooks with CPU-time (thread_time) and
-    wall-clock counters, readable with ``_read_hook_timers``. Benchmark-only; the hooks'
-    behaviour and data are unchanged."""
-    cap = getattr(worker, "_compat_capture", None)
-    if cap is None:
-        return 0
-    stats = {"cpu_s": 0.0, "wall_s": 0.0, "calls": 0}
-    worker._bench_hook_stats = stats
-    n = 0
-    for handle in cap._handles:
-        hooks = handle.hooks_dict_ref()
-        if hooks is None or handle.id not in hooks:
-            continue
-        hooks[handle.id] = _timed(hooks[handle.id], stats, time.thread_time)
-        n += 1
-    return n
-
-
-def _read_hook_timers(worker) -> dict | None:
-    return _take(getattr(worker, "_bench_hook_stats", None))
-
-
-def _time_worker_steps(worker) -> bool:
-    """Runs in the worker: time its ``execute_model`` and ``sample_tokens`` (wall clock and
-    CPU time of the whole worker process), readable with ``_read_worker_steps``. Sent to
-    (a)'s and (b)'s workers alike, so the forward work of both paths is compared directly,
-    without the orchestration around it. Benchmark-only; results unchanged."""
-    inner = getattr(worker, "worker", worker)
-    stats = {"wall_s": 0.0, "cpu_s": 0.0, "calls": 0}
-    inner._bench_step_stats = stats
-    for name in ("execute_model", "sample_tokens"):
-        setattr(inner, name, _timed(getattr(inner, name), stats, time.process_time))
-    return True
-
-
-def _read_worker_steps(worker) -> dict | None:
-    inner = getattr(worker, "worker", worker)
-    return _take(getattr(inner, "_bench_step_stats", None))
 
 
 def _worker_info(worker) -> dict:
@@ -400,7 +254,7 @@ def _start_generator(p: dict):
     t = time.perf_counter()
     gen.generate(_warmup_sequences(p))
     warm_s = time.perf_counter() - t
-    timers = Timers()
+    timers = bench_timers.Timers()
     for name in ("schedule", "add_request", "finish_requests"):
         timers.wrap(gen.scheduler, name)
     timers.wrap(gen.executor, "execute_model")
@@ -430,16 +284,6 @@ def _check_results(res, seqs, n_layers: int, hidden: int) -> tuple[bool, int]:
     return bool(ok), nbytes
 
 
-def _median_breakdown(snaps: list[dict]) -> dict:
-    keys = sorted({k for sn in snaps for k in sn["seconds"]})
-    nested = sorted({k for sn in snaps for k in sn["nested"]})
-    return {"seconds": {k: statistics.median([sn["seconds"].get(k, 0.0) for sn in snaps])
-                        for k in keys},
-            "nested": {k: statistics.median([sn["nested"].get(k, 0.0) for sn in snaps])
-                       for k in nested},
-            "calls": snaps[-1]["calls"], "per_call": snaps}
-
-
 def _try(fn):
     try:
         return fn()
@@ -447,32 +291,20 @@ def _try(fn):
         return f"{type(exc).__name__}: {exc}"
 
 
-def _median_steps(steps: list) -> dict | None:
-    steps = [x for x in steps if x]
-    if not steps:
-        return None
-    return {k: statistics.median([x[k] for x in steps]) for k in ("wall_s", "cpu_s", "calls")}
-
-
-def _median_cpu(cpus: list[dict]) -> dict[str, float]:
-    keys = sorted({k for c in cpus for k in c})
-    return {k: statistics.median([c.get(k, 0.0) for c in cpus]) for k in keys}
-
-
-def child_b(p: dict) -> dict:
+def child_generator(p: dict) -> dict:
     seqs = _sequences(p)
     gen, timers, info = _start_generator(p)
-    gen.executor.collective_rpc(_time_worker_steps)
+    gen.executor.collective_rpc(bench_timers.time_worker_steps)
     calls, snaps, cpus, steps, ok, nbytes = [], [], [], [], True, 0
     for _ in range(p["calls"]):
         timers.reset()
-        c0 = _cpu_times()
+        c0 = bench_timers.cpu_times()
         t = time.perf_counter()
         res = gen.generate(seqs)
         dt = time.perf_counter() - t
-        cpus.append(_cpu_delta(c0, _cpu_times()))
+        cpus.append(bench_timers.cpu_delta(c0, bench_timers.cpu_times()))
         snaps.append(timers.snapshot(dt))
-        steps.append(gen.executor.collective_rpc(_read_worker_steps)[0])
+        steps.append(gen.executor.collective_rpc(bench_timers.read_worker_steps)[0])
         calls.append(dt)
         good, nbytes = _check_results(res, seqs, len(set(p["layer_ids"])), p["hidden_size"])
         ok = ok and good
@@ -480,14 +312,14 @@ def child_b(p: dict) -> dict:
     tokens = sum(len(s) for s in seqs)
     gen_s = statistics.median(calls)
     return {"tokens": tokens, "seconds": gen_s, "tokens_per_s": tokens / gen_s,
-            "calls_s": calls, "cpu_s": _median_cpu(cpus), "cpu_s_per_call": cpus,
-            "worker_steps": _median_steps(steps), "worker_steps_per_call": steps,
+            "calls_s": calls, "cpu_s": bench_timers.median_cpu(cpus), "cpu_s_per_call": cpus,
+            "worker_steps": bench_timers.median_steps(steps), "worker_steps_per_call": steps,
             "ok": ok, "hidden_state_bytes": nbytes,
-            "breakdown": _median_breakdown(snaps), **info,
-            "processes": _process_tree_info()}
+            "breakdown": bench_timers.median_breakdown(snaps), **info,
+            "processes": bench_timers.process_tree_info()}
 
 
-def child_d(p: dict) -> dict:
+def child_capture_on_off(p: dict) -> dict:
     """Capture on vs off in one generator, ABBA order (on,off,off,on / off,on,on,off by
     round parity), ``d_pairs`` pairs."""
     seqs = _sequences(p)
@@ -495,7 +327,7 @@ def child_d(p: dict) -> dict:
     tokens = sum(len(s) for s in seqs)
     block = ["on", "off", "off", "on"] if p["repeat"] % 2 == 0 else ["off", "on", "on", "off"]
     order = (block * p["d_pairs"])[: 2 * p["d_pairs"]]
-    gen.executor.collective_rpc(_time_worker_steps)
+    gen.executor.collective_rpc(bench_timers.time_worker_steps)
     runs: dict[str, list] = {"on": [], "off": []}
     state = "on"
     ok = True
@@ -509,9 +341,9 @@ def child_d(p: dict) -> dict:
                 gen._setup_capture()  # speculators' own method: fresh capture in the workers
             state = want
         if state == "on":
-            gen.executor.collective_rpc(_time_hooks)
+            gen.executor.collective_rpc(bench_timers.time_hooks)
         timers.reset()
-        c0 = _cpu_times()
+        c0 = bench_timers.cpu_times()
         t = time.perf_counter()
         error = None
         try:
@@ -522,10 +354,10 @@ def child_d(p: dict) -> dict:
             res, error = None, str(exc)
         dt = time.perf_counter() - t
         run = {"seconds": dt, "breakdown": timers.snapshot(dt),
-               "cpu_s": _cpu_delta(c0, _cpu_times()),
-               "worker_steps": gen.executor.collective_rpc(_read_worker_steps)[0]}
+               "cpu_s": bench_timers.cpu_delta(c0, bench_timers.cpu_times()),
+               "worker_steps": gen.executor.collective_rpc(bench_timers.read_worker_steps)[0]}
         if state == "on":
-            run["hooks"] = gen.executor.collective_rpc(_read_hook_timers)[0]
+            run["hooks"] = gen.executor.collective_rpc(bench_timers.read_hook_timers)[0]
             good, run["hidden_state_bytes"] = _check_results(
                 res, seqs, len(set(p["layer_ids"])), p["hidden_size"])
             ok = ok and good
@@ -538,10 +370,10 @@ def child_d(p: dict) -> dict:
         sec = statistics.median([r["seconds"] for r in rs])
         return {"seconds": sec, "tokens_per_s": tokens / sec,
                 "calls_s": [r["seconds"] for r in rs],
-                "cpu_s": _median_cpu([r["cpu_s"] for r in rs]),
+                "cpu_s": bench_timers.median_cpu([r["cpu_s"] for r in rs]),
                 "hooks": [r.get("hooks") for r in rs],
-                "worker_steps": _median_steps([r["worker_steps"] for r in rs]),
-                "breakdown": _median_breakdown([r["breakdown"] for r in rs])}
+                "worker_steps": bench_timers.median_steps([r["worker_steps"] for r in rs]),
+                "breakdown": bench_timers.median_breakdown([r["breakdown"] for r in rs])}
 
     on, off = summary(runs["on"]), summary(runs["off"])
     on["hook_cpu_s"] = statistics.median([h["cpu_s"] for h in on["hooks"] if h])
@@ -551,7 +383,7 @@ def child_d(p: dict) -> dict:
             "ended_with": runs["off"][0]["ended_with"], "ok": ok, **info}
 
 
-def child_c_vllm(p: dict) -> dict:
+def child_import_vllm(p: dict) -> dict:
     t = time.perf_counter()
     import vllm  # noqa: F401
     import_vllm_s = time.perf_counter() - t
@@ -563,11 +395,11 @@ def child_c_vllm(p: dict) -> dict:
             "modules_after_import_vllm": n_mod, "modules_after_LLM": len(sys.modules)}
 
 
-def child_c_activate(p: dict) -> dict:
+def child_activate_cold(p: dict) -> dict:
     """Cold: ``import speculators_compat; activate()`` right after ``import vllm``; this
     includes importing speculators' generator module (and whatever vLLM modules it and the
     shim's probes pull in). Not split further: a shared dependency is charged to whichever
-    import comes first, so per-probe attribution here would mislead; ``c_activate_warm``
+    import comes first, so per-probe attribution here would mislead; ``activate_warm``
     measures the shim's own part cleanly."""
     import vllm  # noqa: F401
 
@@ -580,7 +412,7 @@ def child_c_activate(p: dict) -> dict:
     return {"activate_total_s": total, "modules_added": len(sys.modules) - n0}
 
 
-def child_c_activate_warm(p: dict) -> dict:
+def child_activate_warm(p: dict) -> dict:
     """``activate()`` after vLLM and speculators' generator module are imported: the shim's
     own cost. transformers 5 needs ``torch`` bound in ``transformers.configuration_utils``
     for speculators to import at all; it is bound here exactly as the shim's
@@ -610,9 +442,10 @@ def child_c_activate_warm(p: dict) -> dict:
             "modules_by_generator": n1 - n0, "modules_by_activate": len(sys.modules) - n1}
 
 
-CHILDREN = {"build": child_build, "a": child_a, "b": child_b, "d": child_d,
-            "c_vllm": child_c_vllm, "c_activate": child_c_activate,
-            "c_activate_warm": child_c_activate_warm}
+CHILDREN = {"build": child_build, "vllm_prefill": child_vllm_prefill,
+            "generator": child_generator, "capture_on_off": child_capture_on_off,
+            "import_vllm": child_import_vllm, "activate_cold": child_activate_cold,
+            "activate_warm": child_activate_warm}
 
 
 # -------------------------------------------------------------------------------- parent
@@ -673,10 +506,15 @@ def _stats(values: list[float]) -> dict | None:
 
 
 def aggregate(runs: list[dict]) -> dict:
+    """Statistics over the rounds, under the report's keys: a mode's letter
+    (``perfreport.LETTERS``: ``a_...`` for vllm_prefill, ``b_...`` generator, ``d_...``
+    capture_on_off) or, for the start-up costs, its earlier name (``c_vllm.``,
+    ``c_activate.``, ``c_activate_warm.``). Runs recorded under old mode names count
+    as their new ones."""
     def ok(mode):
-        return [r for r in runs if r["mode"] == mode and "error" not in r]
+        return [r for r in runs if canonical_mode(r["mode"]) == mode and "error" not in r]
 
-    a, b, d = ok("a"), ok("b"), ok("d")
+    a, b, d = ok("vllm_prefill"), ok("generator"), ok("capture_on_off")
     agg: dict = {}
     agg["a_tokens_per_s"] = _stats([r["tokens_per_s"] for r in a])
     agg["a_startup_s"] = _stats([r["startup_s"] for r in a])
@@ -711,11 +549,12 @@ def aggregate(runs: list[dict]) -> dict:
     agg["b_breakdown_s"] = {k: _stats([r["breakdown"]["seconds"].get(k, 0.0) for r in b])
                             for k in keys}
     agg["b_seconds"] = _stats([r["seconds"] for r in b])
-    for mode, fields in (("c_vllm", ("import_vllm_s", "from_vllm_import_LLM_s")),
-                         ("c_activate", ("activate_total_s",)),
-                         ("c_activate_warm", ("import_generator_s", "activate_s"))):
+    for mode, key, fields in (
+            ("import_vllm", "c_vllm", ("import_vllm_s", "from_vllm_import_LLM_s")),
+            ("activate_cold", "c_activate", ("activate_total_s",)),
+            ("activate_warm", "c_activate_warm", ("import_generator_s", "activate_s"))):
         for f in fields:
-            agg[f"{mode}.{f}"] = _stats([r[f] for r in ok(mode)])
+            agg[f"{key}.{f}"] = _stats([r[f] for r in ok(mode)])
     # ratios: of medians, and paired per round (adjacent runs)
     ratios: dict = {}
     if agg["a_tokens_per_s"] and agg["b_tokens_per_s"]:
@@ -723,8 +562,9 @@ def aggregate(runs: list[dict]) -> dict:
                               / agg["a_tokens_per_s"]["median"])
         pairs = {}
         for r in runs:
-            if r["mode"] in ("a", "b") and "error" not in r:
-                pairs.setdefault(r["repeat"], {})[r["mode"]] = r["tokens_per_s"]
+            letter = LETTERS.get(canonical_mode(r["mode"]))
+            if letter in ("a", "b") and "error" not in r:
+                pairs.setdefault(r["repeat"], {})[letter] = r["tokens_per_s"]
         ratios["b_over_a_paired"] = _stats([v["b"] / v["a"] for v in pairs.values()
                                             if "a" in v and "b" in v])
     wa, wb = agg.get("a_cpu_s.VLLM::Worker"), agg.get("b_cpu_s.VLLM::Worker")
@@ -793,15 +633,17 @@ def main(argv=None) -> int:
                     help="comma-separated layer ids (default: speculators' own choice of 4, "
                          "[2, n/2, n-3, n-1])")
     ap.add_argument("--modes", default=",".join(MODES),
-                    help=f"subset of {','.join(MODES)}, run in this order each round")
+                    help=f"subset of {','.join(MODES)}, run in this order each round "
+                         f"(aliases: {', '.join(f'{k}={v}' for k, v in MODE_ALIASES.items())})")
     ap.add_argument("--calls", type=int, default=3,
-                    help="timed generate() calls per (a)/(b) process (its value: the median)")
+                    help="timed generate() calls per vllm_prefill/generator process (its value: "
+                         "the median)")
     ap.add_argument("--d-pairs", type=int, default=2,
-                    help="(d): capture on/off pairs per process, ABBA order")
+                    help="capture_on_off: capture on/off pairs per process, ABBA order")
     ap.add_argument("--warmup", choices=("full", "small"), default="full",
                     help="untimed warm-up call: same shape as the timed one, or 2 x 16 tokens")
     ap.add_argument("--no-match-scheduler", action="store_true",
-                    help="(a): keep LLM's default max_num_seqs/max_num_batched_tokens")
+                    help="vllm_prefill: keep LLM's default max_num_seqs/max_num_batched_tokens")
     ap.add_argument("--kv-cache-gib", type=int, default=1,
                     help="VLLM_CPU_KVCACHE_SPACE (GiB, integer) for the children, unless "
                          "already set")
@@ -829,10 +671,10 @@ def main(argv=None) -> int:
 
     if a.child:
         sys.path.insert(0, str(ROOT / "src"))
+        bench_timers.pickle_by_value()
         _emit(CHILDREN[a.child](json.loads(a.params)))
         return 0
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import perfreport
 
     if a.plot is None:
@@ -847,7 +689,7 @@ def main(argv=None) -> int:
         print(perfreport.markdown(data))
         return 0
 
-    modes = [m for m in a.modes.split(",") if m]
+    modes = [canonical_mode(m) for m in a.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad:
         ap.error(f"unknown modes {bad}")
@@ -881,7 +723,7 @@ def main(argv=None) -> int:
         # untimed: compiles/caches bytecode, loads the checkpoint into the page cache
         prime = {**params, "num_seqs": 2, "seq_len": 16, "repeat": -1, "calls": 1}
         for mode in modes:
-            if mode != "d":
+            if mode != "capture_on_off":
                 res = run_child(mode, prime, a.timeout, log_dir)
                 res["repeat"] = -1
                 data.setdefault("prime", []).append(res)

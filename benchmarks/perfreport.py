@@ -10,6 +10,21 @@ import html
 import os
 from pathlib import Path
 
+#: The benchmark's modes and the letters the report labels them with.
+LETTERS = {"vllm_prefill": "a", "generator": "b", "capture_on_off": "d", "import_vllm": "c",
+           "activate_cold": "c", "activate_warm": "c"}
+#: Earlier mode names (results files recorded before the modes were named), and the
+#: letters, as accepted by ``bench.py --modes``.
+MODE_ALIASES = {"a": "vllm_prefill", "b": "generator", "d": "capture_on_off",
+                "c_vllm": "import_vllm", "c_activate": "activate_cold",
+                "c_activate_warm": "activate_warm"}
+
+
+def canonical_mode(mode: str) -> str:
+    """A mode's current name, from its current or earlier name."""
+    return MODE_ALIASES.get(mode, mode)
+
+
 BEGIN = "<!-- BEGIN GENERATED RESULTS (benchmarks/bench.py --update-docs) -->"
 END = "<!-- END GENERATED RESULTS -->"
 
@@ -37,7 +52,7 @@ def one_line(r: dict) -> str:
            f"{r['loadavg_before'][0]:.1f}->{r['loadavg_after'][0]:.1f}  "
     if "error" in r:
         return head + f"ERROR {r['error']}\n{r.get('log_tail', '')[-1500:]}"
-    m = r["mode"]
+    m = LETTERS.get(canonical_mode(r["mode"]), r["mode"])
     if m == "build":
         return head + f"{r['params']:,} params"
     if m in ("a", "b"):
@@ -77,8 +92,9 @@ def markdown(data: dict) -> str:
     lo, hi = _load(data)
     cpus = m.get("cpus") or 1
     contended = hi > 0.75 * cpus
-    first = {mode: next((r for r in data["runs"] if r["mode"] == mode and "error" not in r),
-                        None) for mode in ("a", "b")}
+    first = {LETTERS[mode]: next((r for r in data["runs"]
+                                  if canonical_mode(r["mode"]) == mode and "error" not in r),
+                                 None) for mode in ("vllm_prefill", "generator")}
     lines = []
     if contended or p["num_seqs"] * p["seq_len"] < 16 * 384:
         lines.append("> **Not a reference measurement:** "
