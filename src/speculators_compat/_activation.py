@@ -57,11 +57,15 @@ class Activation:
                 return self.report
             adapters = list(self._adapters())
             known = {a.name for a in adapters}
+            inherited = only is None and _env.ONLY in os.environ
+            if inherited:  # the selection of the process that started this one
+                only = _env.names(os.environ[_env.ONLY])
             selected = None if only is None else set(only)
             if selected is not None and selected - known:
+                origin = f"{_env.ONLY} (set by activate(only=...))" if inherited else "only="
                 raise ValueError(
-                    f"speculators-compat: unknown adapter name(s) {sorted(selected - known)}; "
-                    f"known: {sorted(known)}")
+                    f"speculators-compat: {origin} names unknown adapter(s) "
+                    f"{sorted(selected - known)}; known: {sorted(known)}")
             disabled = _env.names(os.environ.get(_env.DISABLE))
             known_or_kind = known | {k.value for k in Kind if k is not Kind.SCOPE}
             if disabled - known_or_kind:
@@ -76,6 +80,7 @@ class Activation:
                 for a in adapters:
                     results.append(self._run_one(a, ctx, selected, disabled))
                 self._patcher.setenv(_env.ACTIVE, "1")
+                self._pass_on(selected, strict)
                 if self._on_activate is not None:
                     self._on_activate(self._patcher, process)
             except BaseException:
@@ -105,6 +110,15 @@ class Activation:
                     logger.warning("speculators-compat: could not write the report to %s=%s: %s",
                                    _env.REPORT_FILE, path, exc)
             return report
+
+    def _pass_on(self, selected: set[str] | None, strict: bool) -> None:
+        """Make the processes started from this one (vLLM's workers, through the plugin
+        and the interpreter-start hook) activate with the same ``only`` and ``strict``:
+        through the environment they inherit, restored by ``deactivate()``."""
+        if selected is not None and _env.names(os.environ.get(_env.ONLY)) != selected:
+            self._patcher.setenv(_env.ONLY, ",".join(sorted(selected)))
+        if strict != _env.flag(os.environ.get(_env.STRICT)):
+            self._patcher.setenv(_env.STRICT, "1" if strict else "0")
 
     def _run_one(self, adapter: Adapter, ctx: Context, selected: set[str] | None,
                  disabled: frozenset[str]) -> AdapterResult:
@@ -253,6 +267,10 @@ def activate(*, only: Iterable[str] | None = None, strict: bool | None = None) -
 
 def deactivate() -> None:
     """Undo everything :func:`activate` changed, restoring the original objects."""
+    if ACTIVATION.active:
+        from ._order import remember_built_with_fix
+
+        remember_built_with_fix()
     ACTIVATION.deactivate()
 
 

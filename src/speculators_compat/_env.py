@@ -7,7 +7,11 @@ ACTIVE = "SPECULATORS_COMPAT_ACTIVE"
 #: ``upstream-change``), to leave alone (status ``disabled``).
 DISABLE = "SPECULATORS_COMPAT_DISABLE"
 #: ``1``/``true``: a ``mismatch`` or ``failed`` adapter raises instead of warning.
+#: ``activate(strict=...)`` sets it for the processes started from then on.
 STRICT = "SPECULATORS_COMPAT_STRICT"
+#: Comma-separated adapter names: activate only these (the others are ``disabled``).
+#: ``activate(only=...)`` sets it, so that vLLM's workers honour the same selection.
+ONLY = "SPECULATORS_COMPAT_ONLY"
 #: Version to assume for vLLM when the installed distribution's metadata is wrong or
 #: missing (source builds, ``pip install -e``). Probes still decide what applies.
 VLLM_VERSION = "SPECULATORS_COMPAT_VLLM_VERSION"

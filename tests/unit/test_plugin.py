@@ -66,6 +66,45 @@ def test_deactivate_in_worker_keeps_inherited_flag(toy_global, adapters, monkeyp
     assert os.environ[_env.ACTIVE] == "1"
 
 
+def test_only_and_strict_travel_to_the_worker(toy_global, adapters, toy):
+    """``activate(only=..., strict=...)`` in the driver: the environment its workers
+    inherit carries both, the worker's activation honours them, and ``deactivate()``
+    restores the environment."""
+    from speculators_compat import _activation
+    from speculators_compat._core import CompatError, Verdict
+
+    driver = toy_global(*adapters)
+    _activation.activate(only=["worker_side", "driver_side"], strict=True)
+    assert os.environ[_env.ONLY] == "driver_side,worker_side"
+    assert os.environ[_env.STRICT] == "1"
+    inherited = dict(os.environ)
+    driver.deactivate()
+    assert _env.ONLY not in os.environ and _env.STRICT not in os.environ
+
+    # the worker process: what it inherited, and the plugin's activation there
+    os.environ.update({k: inherited[k] for k in (_env.ACTIVE, _env.ONLY, _env.STRICT)})
+    worker = toy_global(*adapters)
+    _plugin.register()
+    rep = worker.report
+    assert rep.process == "worker" and rep.strict
+    assert rep.applied == ["worker_side"]
+    assert rep["both_sides"].status is Status.DISABLED, rep["both_sides"]
+    worker.deactivate()
+    broken = toy_global(toy("driver_side"), toy("worker_side", phase=Phase.WORKER,
+                                                verdict=Verdict.mismatch("unknown shape")))
+    with pytest.raises(CompatError, match="strict"):  # refused there, with the reason
+        _plugin.register()
+    assert broken.report is None
+
+
+def test_unknown_inherited_selection_names_the_variable(toy_global, adapters, monkeypatch):
+    monkeypatch.setenv(_env.ACTIVE, "1")
+    monkeypatch.setenv(_env.ONLY, "no_such_adapter")
+    toy_global(*adapters)
+    with pytest.raises(ValueError, match=_env.ONLY):
+        _plugin.register()
+
+
 def test_entry_point_declared():
     from importlib import metadata
 
