@@ -40,6 +40,17 @@ def _under(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
+#: speculators modules that were imported while the shim was active (so built with the
+#: import-time fixes): a re-activation in the same process is not refused for them.
+_BUILT_WITH_FIX: set[str] = set()
+
+
+def remember_built_with_fix() -> None:
+    """Call while active, before ``deactivate()``: the speculators modules loaded now
+    were built with the import-time fixes."""
+    _BUILT_WITH_FIX.update(imported_before())
+
+
 def imported_before() -> frozenset[str]:
     """The speculators modules loaded now (call it before activation)."""
     return frozenset(m for m in list(sys.modules) if any(_under(m, r) for r in _ROOTS))
@@ -56,7 +67,8 @@ def check_import_order(report: Report, before: frozenset[str]) -> None:
             continue
         if result.status is not Status.APPLIED:
             continue
-        modules = sorted(m for m in before if any(_under(m, p) for p in prefixes))
+        modules = sorted(m for m in before - _BUILT_WITH_FIX
+                         if any(_under(m, p) for p in prefixes))
         if modules:
             late.append((name, modules))
     if not late:

@@ -215,6 +215,25 @@ def test_activation_before_any_speculators_import_is_fine(toy_global, tf5_toy, m
     assert speculators_compat.activate().applied == ["transformers5_config_torch"]
 
 
+def test_activate_deactivate_activate_after_importing_while_active(toy_global, tf5_toy,
+                                                                  monkeypatch):
+    """Modules imported while the shim was active were built with the fix: a later
+    re-activation in the same process is not refused because of them (it was: found by
+    the fresh-interpreter ordering suite); one imported after ``deactivate()`` still is."""
+    for m in [m for m in sys.modules if m == "speculators" or m.startswith("speculators.")]:
+        monkeypatch.delitem(sys.modules, m)
+    monkeypatch.setattr(_order, "_BUILT_WITH_FIX", set())
+    toy_global(tf5_toy)
+    speculators_compat.activate()
+    monkeypatch.setitem(sys.modules, "speculators", types.ModuleType("speculators"))
+    speculators_compat.deactivate()
+    assert speculators_compat.activate().applied == ["transformers5_config_torch"]
+    speculators_compat.deactivate()
+    monkeypatch.setitem(sys.modules, "speculators.config", types.ModuleType("speculators.config"))
+    with pytest.raises(CompatError, match="speculators.config"):
+        speculators_compat.activate()
+
+
 def test_earlier_import_is_fine_when_no_import_time_adapter_applied(toy_global, toy,
                                                                     monkeypatch):
     from speculators_compat._core import Verdict

@@ -1,0 +1,1 @@
+"""Contract suite: every adapter against the real installed vLLM and speculators."""

@@ -1,0 +1,1 @@
+"""One contract file per adapter (tests/contract/adapters/test_<adapter>.py)."""

@@ -1,0 +1,57 @@
+"""Contract of the ``executor_sample_tokens`` adapter,
+on the installed vLLM and speculators.
+
+The probe agrees with the expectation table, apply/revert restores identity and
+changes only the declared targets, and speculators' legacy call shape fails (or is
+wrong) bare where the upstream note says so and works through the adapter.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from ..support import (
+    BY_NAME,
+    V,
+    _check_executor_shim,
+    check_apply_then_revert,
+    check_probe_agrees_with_release,
+    one,
+)
+
+NAME = "executor_sample_tokens"
+
+
+def test_probe_agrees_with_release(base):
+    check_probe_agrees_with_release(base, NAME)
+
+
+def test_apply_then_revert_restores_identity(base):
+    check_apply_then_revert(base, NAME)
+
+
+def test_legacy_call_shape(base, vllm_config):
+    legacy_call_shape(base, base.gen, vllm_config, BY_NAME[NAME])
+
+
+def legacy_call_shape(base, gen, cfg, adapter):
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    if base.env.vllm < V("0.11.1.dev0"):
+        # 0.11.0: one-phase execute_model, as speculators was written for.
+        assert not hasattr(MultiprocExecutor, "sample_tokens")
+        with one(base, adapter) as applied:
+            _check_executor_shim(gen, MultiprocExecutor, applied, set())
+        assert not applied
+        return
+    # Upstream shape this adapter was written for (0.11.1+): two phases.
+    assert list(inspect.signature(MultiprocExecutor.execute_model).parameters)[:2] == [
+        "self", "scheduler_output"]
+    assert list(inspect.signature(MultiprocExecutor.sample_tokens).parameters)[:2] == [
+        "self", "grammar_output"]
+    src = inspect.getsource(gen)
+    # 0.3.0 never completes a step; 0.4 calls sample_tokens itself.
+    assert ("sample_tokens(" in src) == base.env.speculators_04
+    with one(base, adapter) as applied:
+        _check_executor_shim(gen, MultiprocExecutor, applied,
+                             {"execute_model", "sample_tokens"})

@@ -1,0 +1,55 @@
+"""Contract of the ``prefix_caching_off`` adapter,
+on the installed vLLM and speculators.
+
+The probe agrees with the expectation table, apply/revert restores identity and
+changes only the declared targets, and speculators' legacy call shape fails (or is
+wrong) bare where the upstream note says so and works through the adapter.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from ..support import (
+    BY_NAME,
+    V,
+    check_apply_then_revert,
+    check_probe_agrees_with_release,
+    one,
+)
+
+NAME = "prefix_caching_off"
+
+
+def test_probe_agrees_with_release(base):
+    check_probe_agrees_with_release(base, NAME)
+
+
+def test_apply_then_revert_restores_identity(base):
+    check_apply_then_revert(base, NAME)
+
+
+def test_legacy_call_shape(base, vllm_config):
+    legacy_call_shape(base, base.gen, vllm_config, BY_NAME[NAME])
+
+
+def legacy_call_shape(base, gen, cfg, adapter):
+    call = dict(block_size=16, gpu_memory_utilization=0.8)  # speculators 0.3.0's call
+    if base.env.vllm < V("0.12.0.dev0"):
+        # 0.11: unset (None) means off for speculators' own engine; nothing to do.
+        assert not gen.CacheConfig(**call).enable_prefix_caching
+        with one(base, adapter) as applied:
+            assert not applied
+        return
+    assert gen.CacheConfig(**call).enable_prefix_caching is True  # 0.12+ default
+    if base.env.speculators_04:
+        # 0.4.x sets it off itself: nothing to do.
+        assert "enable_prefix_caching=False" in inspect.getsource(gen)
+        with one(base, adapter) as applied:
+            assert not applied
+        return
+    with one(base, adapter) as applied:
+        assert applied
+        assert gen.CacheConfig(**call).enable_prefix_caching is False
+        assert gen.CacheConfig(**call, enable_prefix_caching=True).enable_prefix_caching
+    assert gen.CacheConfig(**call).enable_prefix_caching is True

@@ -1,0 +1,54 @@
+"""Contract of the ``scheduler_config_encoder_decoder`` adapter,
+on the installed vLLM and speculators.
+
+The probe agrees with the expectation table, apply/revert restores identity and
+changes only the declared targets, and speculators' legacy call shape fails (or is
+wrong) bare where the upstream note says so and works through the adapter.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from ..support import (
+    BY_NAME,
+    SCHEDULER_CONFIG_03,
+    V,
+    check_apply_then_revert,
+    check_probe_agrees_with_release,
+    one,
+)
+
+NAME = "scheduler_config_encoder_decoder"
+
+
+def test_probe_agrees_with_release(base):
+    check_probe_agrees_with_release(base, NAME)
+
+
+def test_apply_then_revert_restores_identity(base):
+    check_apply_then_revert(base, NAME)
+
+
+def test_legacy_call_shape(base, vllm_config):
+    legacy_call_shape(base, base.gen, vllm_config, BY_NAME[NAME])
+
+
+def legacy_call_shape(base, gen, cfg, adapter):
+    needed = base.env.vllm >= V("0.12.0.dev0")
+    if needed:
+        # upstream error text: "ValidationError ... SchedulerConfig ... is_encoder_decoder Field
+        # required" (speculators 0.3.0 on 0.12+).
+        with pytest.raises(Exception, match=r"(?s)is_encoder_decoder.*Field required"):
+            gen.SchedulerConfig(**SCHEDULER_CONFIG_03)
+    passes = "is_encoder_decoder=False" in inspect.getsource(gen)
+    assert passes == base.env.speculators_04
+    with one(base, adapter) as applied:
+        if not passes:
+            sc = gen.SchedulerConfig(**SCHEDULER_CONFIG_03)
+            assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (32, 8192)
+        if needed:  # 0.4.x's call (passes it itself) works either way.
+            gen.SchedulerConfig(**SCHEDULER_CONFIG_03, is_encoder_decoder=False)
+    assert applied == (needed and not passes)

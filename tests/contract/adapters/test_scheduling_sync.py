@@ -1,0 +1,57 @@
+"""Contract of the ``scheduling_sync`` adapter,
+on the installed vLLM and speculators.
+
+The probe agrees with the expectation table, apply/revert restores identity and
+changes only the declared targets, and speculators' legacy call shape fails (or is
+wrong) bare where the upstream note says so and works through the adapter.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from ..support import (
+    BY_NAME,
+    SCHEDULER_CONFIG_03,
+    V,
+    check_apply_then_revert,
+    check_probe_agrees_with_release,
+    one,
+)
+
+NAME = "scheduling_sync"
+
+
+def test_probe_agrees_with_release(base):
+    check_probe_agrees_with_release(base, NAME)
+
+
+def test_apply_then_revert_restores_identity(base):
+    check_apply_then_revert(base, NAME)
+
+
+def test_legacy_call_shape(base, vllm_config):
+    legacy_call_shape(base, base.gen, vllm_config, BY_NAME[NAME])
+
+
+def legacy_call_shape(base, gen, cfg, adapter):
+    params = inspect.signature(gen.SchedulerConfig).parameters
+    assert "async_scheduling" in params
+    call = dict(SCHEDULER_CONFIG_03)
+    if "is_encoder_decoder" in params:
+        call["is_encoder_decoder"] = False
+    if base.env.vllm < V("0.14.0.dev0"):
+        # 0.11-0.13: synchronous unless asked; nothing to do.
+        assert params["async_scheduling"].default is False
+        assert gen.SchedulerConfig(**call).async_scheduling is False
+        with one(base, adapter) as applied:
+            assert not applied
+        return
+    # 0.14+: the field is unresolved (None -> True for mp/uni executors) by default.
+    assert params["async_scheduling"].default in (None, True)
+    assert gen.SchedulerConfig(**call).async_scheduling is not False
+    with one(base, adapter) as applied:
+        assert applied
+        assert gen.SchedulerConfig(**call).async_scheduling is False
+        # a caller's explicit choice wins
+        assert gen.SchedulerConfig(**call, async_scheduling=True).async_scheduling is True

@@ -1,0 +1,61 @@
+"""Contract of the ``shm_transport`` adapter,
+on the installed vLLM and speculators.
+
+The probe agrees with the expectation table, apply/revert restores identity and
+changes only the declared targets, and speculators' legacy call shape fails (or is
+wrong) bare where the upstream note says so and works through the adapter.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from ..support import (
+    BY_NAME,
+    _check_executor_shim,
+    check_apply_then_revert,
+    check_probe_agrees_with_release,
+    one,
+)
+
+NAME = "shm_transport"
+
+
+def test_probe_agrees_with_release(base):
+    check_probe_agrees_with_release(base, NAME)
+
+
+def test_apply_then_revert_restores_identity(base):
+    check_apply_then_revert(base, NAME)
+
+
+def test_legacy_call_shape(base, vllm_config):
+    legacy_call_shape(base, base.gen, vllm_config, BY_NAME[NAME])
+
+
+def legacy_call_shape(base, gen, cfg, adapter):
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    from speculators_compat import _transport
+    from speculators_compat.adapters.collective_rpc_unique_reply import returns_single_result
+    from speculators_compat.adapters.shm_transport import (
+        CAPTURED_STATES_RPC,
+        RESET_CAPTURE_RPC,
+    )
+
+    # The calls it answers, as speculators makes them.
+    src = inspect.getsource(gen)
+    assert f'"{CAPTURED_STATES_RPC}",\n            unique_reply_rank=0' in src
+    assert f'self.executor.collective_rpc("{RESET_CAPTURE_RPC}")' in src
+    assert _transport.unavailable_reason() is None  # Linux CI: memfd + /proc/<pid>/fd
+    single = returns_single_result(MultiprocExecutor)
+    init = gen.VllmHiddenStatesGenerator.__init__
+    with one(base, adapter) as applied:
+        _check_executor_shim(gen, MultiprocExecutor, applied,
+                             {"collective_rpc", "shutdown"} if applied else set())
+        if applied:
+            # Later probes (collective_rpc_unique_reply) still read vLLM's signature and
+            # docstring through the shim, and vLLM's own executor is unchanged.
+            assert returns_single_result(gen.MultiprocExecutor) is single
+            assert gen.VllmHiddenStatesGenerator.__init__ is not init
+    assert gen.VllmHiddenStatesGenerator.__init__ is init

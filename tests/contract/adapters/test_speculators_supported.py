@@ -1,0 +1,51 @@
+"""Contract of the ``speculators_supported`` adapter,
+on the installed vLLM and speculators.
+
+The probe agrees with the expectation table, apply/revert restores identity and
+changes only the declared targets, and speculators' legacy call shape fails (or is
+wrong) bare where the upstream note says so and works through the adapter.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from speculators_compat import _env
+
+from ..support import (
+    BY_NAME,
+    GEN,
+    _consumer_owned,
+    _vllm_owned,
+    check_apply_then_revert,
+    check_probe_agrees_with_release,
+    diff,
+    one,
+    snapshot,
+)
+
+NAME = "speculators_supported"
+
+
+def test_probe_agrees_with_release(base):
+    check_probe_agrees_with_release(base, NAME)
+
+
+def test_apply_then_revert_restores_identity(base):
+    check_apply_then_revert(base, NAME)
+
+
+def test_legacy_call_shape(base, vllm_config):
+    legacy_call_shape(base, base.gen, vllm_config, BY_NAME[NAME])
+
+
+def legacy_call_shape(base, gen, cfg, adapter):
+    # A pure scope check: with the in-process generator installed it changes nothing
+    # and raises nothing (speculators >= 0.5, where it raises, is not installable here).
+    assert importlib.util.find_spec(GEN) is not None
+    spaces = {**_vllm_owned(), **_consumer_owned(gen)}
+    before = snapshot(spaces)
+    with one(base, adapter) as applied:
+        assert not applied
+        assert diff(before, snapshot(spaces)) <= {f"os.environ[{_env.ACTIVE!r}]"}

@@ -1,0 +1,67 @@
+"""Contract of the ``worker_spawn_method`` adapter,
+on the installed vLLM and speculators.
+
+The probe agrees with the expectation table, apply/revert restores identity and
+changes only the declared targets, and speculators' legacy call shape fails (or is
+wrong) bare where the upstream note says so and works through the adapter.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..support import (
+    BY_NAME,
+    _build_vllm_config,
+    check_apply_then_revert,
+    check_probe_agrees_with_release,
+    env_during_generator_init,
+    one,
+)
+
+NAME = "worker_spawn_method"
+
+
+def test_probe_agrees_with_release(base):
+    check_probe_agrees_with_release(base, NAME)
+
+
+def test_apply_then_revert_restores_identity(base):
+    check_apply_then_revert(base, NAME)
+
+
+def test_legacy_call_shape(base, vllm_config):
+    legacy_call_shape(base, base.gen, vllm_config, BY_NAME[NAME])
+
+
+def legacy_call_shape(base, gen, cfg, adapter):
+    import vllm.envs as envs
+
+    var = "VLLM_WORKER_MULTIPROC_METHOD"
+    assert var in envs.environment_variables
+    assert os.environ.get(var) is None
+    # Bare: the generator's MultiprocExecutor would start with vLLM's default (fork).
+    assert env_during_generator_init(gen)[var] is None
+    assert envs.VLLM_WORKER_MULTIPROC_METHOD == "fork"
+    if base.env.cpu_platform:
+        # ...except on CPU, whose platform sets spawn when speculators builds its config.
+        saved = dict(os.environ)
+        try:
+            _build_vllm_config()
+            assert os.environ.get(var) == "spawn"
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        with one(base, adapter) as applied:
+            assert not applied
+        return
+    with one(base, adapter) as applied:
+        assert applied
+        assert env_during_generator_init(gen)[var] == "spawn"
+        assert var not in os.environ  # restored after __init__
+        os.environ[var] = "fork"  # a user's explicit choice is kept
+        try:
+            assert env_during_generator_init(gen)[var] == "fork"
+            assert os.environ[var] == "fork"
+        finally:
+            del os.environ[var]
