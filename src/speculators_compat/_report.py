@@ -26,14 +26,8 @@ class Status(str, enum.Enum):
 class Kind(str, enum.Enum):
     """Why an adapter exists; says when it is expected to apply.
 
-    Only ``upstream-change`` adapters follow vLLM (and transformers) releases: none of
-    them applies on the vLLM a speculators release pinned (0.11.0 for 0.3.0).
-    ``platform`` adapters let the pipeline run where upstream never ran it (vLLM's CPU
-    platform, no CUDA device) and apply only there. ``safeguard`` adapters guard against
-    data-loss or crash hazards in speculators' own code, on every vLLM where the hazard
-    exists; ``scope`` adapters only refuse what the shim cannot support; ``performance``
-    adapters change how data moves, never what it is (disable them to get upstream's
-    path back).
+    Each kind's :attr:`description` is the one text for it (docs/adapters.md prints it;
+    the report's summary line groups applied adapters by kind).
     """
 
     UPSTREAM_CHANGE = "upstream-change"
