@@ -373,6 +373,8 @@ def main(a) -> int:
                                              capture_output=True, text=True).stdout.strip()
     except OSError:
         pass
+    # The device copy may have no .git: the caller names the commit its snapshot came from.
+    meta["shim_commit"] = meta.get("shim_commit") or os.environ.get("GPU_MODELS_COMMIT")
     results: dict[str, dict] = {}
 
     def load(t):
