@@ -1,7 +1,14 @@
 """With the shim active, vLLM's own engine in the same process behaves exactly as before;
-the plugin re-activates in vLLM's spawned processes only when the parent activated."""
+the plugin re-activates in vLLM's spawned processes only when the parent activated.
+
+The two runs (without and with ``activate()``) are independent fresh interpreters, so
+they run at the same time: each is a chain of three vLLM processes (driver, engine core,
+worker) that spend most of their time importing vLLM on one core.
+"""
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from helpers import checkpoint, require_vllm, run_script
@@ -13,8 +20,10 @@ pytestmark = pytest.mark.e2e
 def runs():
     require_vllm()
     model = checkpoint("llama")
-    return (run_script("llm_tokens.py", "--model", model),
-            run_script("llm_tokens.py", "--model", model, "--activate"))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        plain = pool.submit(run_script, "llm_tokens.py", "--model", model)
+        active = pool.submit(run_script, "llm_tokens.py", "--model", model, "--activate")
+        return plain.result(), active.result()
 
 
 def test_llm_generate_tokens_unchanged(runs):
