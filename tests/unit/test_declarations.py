@@ -23,10 +23,10 @@ def test_registry_is_ordered_by_stage():
 
 
 def test_stage_agrees_with_phase():
-    """Import-time adapters act in workers too (a worker re-runs the main script's
-    imports); worker-stage adapters only there; generator adapters in the driver."""
+    """What must precede ``import speculators`` acts in workers too (a spawned worker
+    re-runs the main script's imports); worker-stage adapters act only there."""
     for a in ADAPTERS:
-        if a.stage.precedes:
+        if a.stage is Stage.BEFORE_SPECULATORS_IMPORT:
             assert a.phase is Phase.BOTH, a.name
         assert (a.stage is Stage.WORKER) == (a.phase is Phase.WORKER), a.name
 
