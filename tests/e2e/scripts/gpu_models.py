@@ -175,6 +175,21 @@ def child_native(p: dict) -> dict:
     return res
 
 
+def _wait_for_native(p: dict, native: Path) -> None:
+    """Wait for the native task of this model (running beside this one) to finish."""
+    res = Path(p["work"]) / "results" / f"native_{p['model']}.json"
+    t = time.time()
+    while time.time() - t < p.get("native_wait_s", 480):
+        if res.exists():
+            r = json.loads(res.read_text())
+            if not r.get("ok"):
+                raise RuntimeError(f"the native oracle failed: {r.get('error')}")
+            if native.exists():
+                return
+        time.sleep(2)
+    raise RuntimeError(f"no native oracle file {native} after {time.time() - t:.0f} s")
+
+
 def _shutdown(gen) -> None:
     ex = getattr(gen, "executor", None)
     if ex is not None and hasattr(ex, "shutdown"):
@@ -251,6 +266,7 @@ def child_gen(p: dict) -> dict:
         from safetensors import safe_open
 
         native = Path(p["work"]) / f"native-{p['model']}.safetensors"
+        _wait_for_native(p, native)
         ref = []
         with safe_open(str(native), "pt") as fh:
             keys = [f"{b}.{i}" for b, batch in enumerate(batches) for i in range(len(batch))]
@@ -328,7 +344,8 @@ def plan(a, n_gpus: int) -> list[dict]:
         deps = [f"build:{b}"]
         if spec["oracle"].startswith("native"):
             tasks.append({"id": f"native:{m}", "kind": "native", "model": m, "deps": deps})
-            deps = deps + [f"native:{m}"]
+            # The generator runs beside the native oracle (it waits for the file before
+            # comparing): one engine start less on the critical path.
         for ver, d in a.spec:
             tasks.append({"id": f"gen:{m}:{ver}", "kind": "gen", "model": m, "spec": ver,
                           "spec_dir": d, "tp": 1, "deps": deps})
@@ -496,9 +513,36 @@ def _start(a, t: dict, results: dict, work: Path, n_gpus: int, rr: int) -> subpr
                             stderr=subprocess.STDOUT, cwd=str(work), start_new_session=True)
 
 
+def merge(dirs: list[str], meta: dict) -> dict:
+    """One results document from the ``results`` folders of one or more device calls (a
+    later folder's result of a task replaces an earlier one's): what docs/results holds."""
+    rows: dict[str, dict] = {}
+    for d in dirs:
+        for f in sorted(Path(d).glob("*.json")):
+            if f.name.endswith(".params.json"):
+                continue
+            params = json.loads(f.with_name(f.stem + ".params.json").read_text())
+            res = json.loads(f.read_text())
+            tid = ":".join(x for x in (params["kind"], params["model"], params.get("spec"))
+                           if x)
+            if params.get("tp", 1) != 1:
+                tid += f":tp{params['tp']}"
+            res.pop("traceback", None)
+            if "log_tail" in res:
+                res["log_tail"] = res["log_tail"][-800:]
+            rows[tid] = {"id": tid, "kind": params["kind"], "model": params["model"],
+                         "tp": params.get("tp", 1), "call": Path(d).name, **res}
+    for tid in [r["id"] for r in rows.values() if r["kind"] == "gen"]:
+        rows[tid]["spec"] = tid.split(":")[2]
+    return {"meta": meta, "runs": sorted(rows.values(), key=lambda r: r["id"])}
+
+
 def parse(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--child")
+    p.add_argument("--merge", nargs="+", help="results folders of device calls -> --into")
+    p.add_argument("--into", help="with --merge: the merged JSON file")
+    p.add_argument("--meta", type=json.loads, default={}, help="with --merge: run metadata")
     p.add_argument("--out", default="/tmp/gpu-models-out")
     p.add_argument("--work", default="/tmp/gpu-models")
     p.add_argument("--ckpts", default=None, help="default: <work>/ckpts")
@@ -531,5 +575,7 @@ if __name__ == "__main__":
     args = parse()
     if args.child:
         child_main(args.child)
+    elif args.merge:
+        _write(Path(args.into), merge(args.merge, args.meta))
     else:
         sys.exit(main(args))
