@@ -73,6 +73,14 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
         lambda e: _status(e.transformers_major >= 5),
         "transformers 5 annotates PretrainedConfig.dtype with torch imported only under "
         "TYPE_CHECKING: `import speculators` raises PydanticUndefinedAnnotation"),
+    "transformers5_config_dataclass": (
+        lambda e: _status(e.transformers_major >= 5),
+        "transformers 5 makes every PretrainedConfig subclass a dataclass with a generated "
+        "__init__: speculators' pydantic configs raise AttributeError __pydantic_fields_set__"),
+    "transformers5_config_validate": (
+        lambda e: _status(e.transformers_major >= 5),
+        "transformers 5's config save_pretrained calls self.validate(), pydantic's "
+        "BaseModel.validate(value) on speculators' configs: TypeError"),
     "kv_cache_helpers_relocated": (
         lambda e: _status(e.vllm >= V("0.33.0.dev0")),
         "0.33 moved _get_kv_cache_groups_uniform_spec & co. to kv_cache_planning"),

@@ -147,8 +147,19 @@ def _vllm_owned() -> dict[str, object]:
 def _consumer_owned(gen: ModuleType) -> dict[str, object]:
     """Namespaces adapters may change, labelled as the patcher labels them."""
     spaces = [gen, gen.VllmHiddenStatesGenerator, importlib.import_module(KV_UTILS),
-              importlib.import_module(TF_CONFIG), importlib.import_module(CONFIG_GEN)]
+              importlib.import_module(TF_CONFIG), importlib.import_module(CONFIG_GEN),
+              *CONFIG_CLASSES()]
     return {_label(obj): obj for obj in spaces}
+
+
+def CONFIG_CLASSES() -> list[type]:  # noqa: N802 - a constant computed late
+    """transformers' config base and speculators' config base (the transformers5_config_*
+    adapters change these class namespaces, scoped to speculators' configs)."""
+    from speculators.config import SpeculatorModelConfig
+
+    from speculators_compat.adapters.transformers5_config_dataclass import config_class
+
+    return [config_class(), SpeculatorModelConfig]
 
 #: Variables vLLM's own modules set when first imported (not the shim's doing; which
 #: import comes first depends on test order): e.g. vllm._aiter_ops syncs AITER_SITUV2_*.
@@ -445,7 +456,8 @@ def check_apply_then_revert(base: Base, name: str):
             # kv_cache_helpers_relocated, which the report lists).
             assert changed == listed, f"changed {sorted(changed)}; report lists {sorted(listed)}"
             vllm_labels = {c for c in changed if c.rsplit(".", 1)[0] not in (
-                GEN, TF_CONFIG, CONFIG_GEN, "VllmHiddenStatesGenerator")}
+                GEN, TF_CONFIG, CONFIG_GEN, "VllmHiddenStatesGenerator",
+                *(_label(c) for c in CONFIG_CLASSES()))}
             if name != "kv_cache_helpers_relocated":
                 assert not vllm_labels, f"{name} changed vLLM's own objects: {vllm_labels}"
             for label in vllm_labels:

@@ -28,14 +28,18 @@ from .scheduler_prefill_only import SchedulerPrefillOnly
 from .scheduling_sync import SchedulingSync
 from .shm_transport import ShmTransport
 from .speculators_supported import SpeculatorsSupported
+from .transformers5_config_dataclass import Transformers5ConfigDataclass
 from .transformers5_config_torch import Transformers5ConfigTorch
+from .transformers5_config_validate import Transformers5ConfigValidate
 from .worker_spawn_method import WorkerSpawnMethod
 
 ADAPTERS: list[Adapter] = [
     # before `import speculators`
     Transformers5ConfigTorch(),
+    Transformers5ConfigDataclass(),
     # before speculators' generator module is imported
     KVCacheHelpersRelocated(),
+    Transformers5ConfigValidate(),  # imports speculators.config (built by the fixes above)
     # scope: speculators with the in-process generator
     SpeculatorsSupported(),
     # names inside speculators' generator module

@@ -1,0 +1,70 @@
+"""Contract of the ``transformers5_config_dataclass`` adapter, on the installed
+transformers and speculators.
+
+The probe agrees with the expectation table; apply/revert restores the identity of
+``PreTrainedConfig.__init_subclass__`` and changes only the declared target; speculators'
+own call shape (a ``SpeculatorModelConfig`` subclass without an ``__init__``, built with
+keywords) raises the issue's ``AttributeError`` bare on transformers 5 and works through
+the adapter; transformers' own subclasses still get transformers' dataclass treatment.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ..support import (
+    BY_NAME,
+    activated,
+    check_apply_then_revert,
+    check_probe_agrees_with_release,
+    one,
+)
+
+NAME = "transformers5_config_dataclass"
+
+
+def test_probe_agrees_with_release(base):
+    check_probe_agrees_with_release(base, NAME)
+
+
+def test_apply_then_revert_restores_identity(base):
+    check_apply_then_revert(base, NAME)
+
+
+def define_and_build():
+    """What speculators' modules do: subclass SpeculatorModelConfig without an __init__
+    (as Eagle3SpeculatorConfig does) and build one with keywords."""
+    from pydantic import Field
+    from speculators.config import SpeculatorModelConfig
+
+    class CompatContractDataclassConfig(SpeculatorModelConfig):
+        speculators_model_type: str = "compat_contract"
+        width: int = Field(default=3)
+
+    CompatContractDataclassConfig.model_rebuild(force=True)
+    return CompatContractDataclassConfig, CompatContractDataclassConfig(width=5)
+
+
+def test_legacy_call_shape(base):
+    from transformers import PretrainedConfig
+
+    adapter = BY_NAME[NAME]
+    torch_fix = BY_NAME["transformers5_config_torch"]
+    with base.suspended(), activated(torch_fix):
+        if base.env.transformers_major >= 5:
+            with pytest.raises(AttributeError, match="__pydantic_fields_set__"):
+                define_and_build()
+        else:
+            define_and_build()
+        with one(base, adapter) as applied:
+            assert applied == (base.env.transformers_major >= 5)
+            cls, config = define_and_build()
+            assert config.width == 5 and config.speculators_model_type == "compat_contract"
+            assert "__init__" not in vars(cls) and "__eq__" not in vars(cls)
+            assert config.to_dict()["width"] == 5
+
+            # Scope: a plain transformers subclass goes through transformers' hook unchanged.
+            class PlainConfig(PretrainedConfig):
+                model_type = "compat_contract_plain"
+
+            assert ("__init__" in vars(PlainConfig)) == (base.env.transformers_major >= 5)
