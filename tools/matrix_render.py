@@ -102,7 +102,7 @@ def render(data: dict[str, Any]) -> str:
     recs = [data["envs"][k] for k in sorted(data["envs"], key=envs.version_key)]
     specs = list(envs.SPECULATORS)
     out = [*_intro(specs), *_environments(recs), *_results(recs, specs),
-           *_unsupported(recs), *render_gpu(), *_verdicts(recs, specs),
+           *_unsupported(recs), *render_gpu(), *render_gpu_models(), *_verdicts(recs, specs),
            *_notes(recs, specs)]
     return "\n".join(out).rstrip() + "\n"
 
@@ -348,7 +348,8 @@ def _problems(recs: list[dict[str, Any]]) -> list[str]:
 
 def render_gpu(results: Path = GPU_RESULTS) -> list[str]:
     """Rows of the GPU runs (``docs/results/gpu-*.json``), one per configuration."""
-    files = sorted(results.glob("gpu-*.json"))
+    files = sorted(f for f in results.glob("gpu-*.json")
+                   if not f.name.startswith("gpu-models-"))
     if not files:
         return []
     out = ["", "## GPU runs", "",
@@ -377,4 +378,63 @@ def render_gpu(results: Path = GPU_RESULTS) -> list[str]:
                        f"{r.get('spec')} | {r.get('model')} | {r.get('tp')} | {r.get('v2')} | "
                        f"{'/'.join(sorted(runners)) or '–'} | {sizes or '–'} | {result} | "
                        f"{cos} | {r.get('note') or ''} |")
+    return out
+
+
+def _per_layer(check: dict[str, Any], key: str, digits: int) -> str:
+    per = check.get("per_layer") or {}
+    return " / ".join(f"{v[key]:.{digits}f}" if v and v.get(key) is not None else "–"
+                      for v in per.values())
+
+
+def render_gpu_models(results: Path = GPU_RESULTS) -> list[str]:
+    """Rows of the real-shape model runs (``docs/results/gpu-models-*.json``, issue 16)."""
+    files = sorted(results.glob("gpu-models-*.json"))
+    if not files:
+        return []
+    out = ["", "## Real-shape models on the GPU", "",
+           "Recorded with `tools/gpu_models.sh` ([gpu.md](gpu.md#real-shape-models)): "
+           "random-weight checkpoints with the published configuration (fewer layers; 16 "
+           "routed experts for DeepSeek-V3 / Kimi-K2.5), speculators' unchanged generator, "
+           "batches of 1, 11 and 33 sequences of 16 to 2,048 tokens. Oracles: *transformers* "
+           "(a bf16 forward of the same checkpoint on the GPU), *native* (vLLM's own "
+           "`extract_hidden_states` on the same vLLM and tokens), *bf16_twin* (transformers "
+           "on the FP8 checkpoint's weights dequantized to bf16). Per-layer values are in "
+           "the order of the captured layers.", "",
+           "| file (shim commit) | vLLM | speculators | model | TP | oracle | result | "
+           "layers | min cosine per layer | max rel. L2 per layer | notes |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for f in files:
+        data = json.loads(f.read_text())
+        meta = data.get("meta") or {}
+        for r in data.get("runs") or []:
+            if r.get("kind") == "build":
+                continue
+            call = (meta.get("calls") or {}).get(r.get("call")) or {}
+            commit = (call.get("shim_commit") or meta.get("shim_commit") or "unrecorded")[:12]
+            if r.get("kind") != "gen":
+                if r.get("status", "").startswith("not run") or not r.get("ok"):
+                    note = r.get("status") or short(r.get("error") or "", 200)
+                    out.append(f"| `{f.name}` ({commit}) | {meta.get('vllm', '–')} | – | "
+                               f"{r.get('model')} | {r.get('tp', '–')} | {r.get('kind')} | "
+                               f"{'not run' if r.get('ok') is None else '**FAIL**'} | – | – "
+                               f"| – | {code(note) if note else ''} |")
+                continue
+            checks = r.get("checks") or {}
+            layers = ", ".join(str(x) for x in r.get("layers") or []) or "–"
+            if not checks:
+                out.append(f"| `{f.name}` ({commit}) | {meta.get('vllm', '–')} | "
+                           f"{r.get('spec')} | {r.get('model')} | {r.get('tp')} | – | "
+                           f"**FAIL** | {layers} | – | – | "
+                           f"{code(short(r.get('error') or '', 300))} {r.get('note') or ''} |")
+                continue
+            for name, c in checks.items():
+                wrong = [k for k, v in (c.get("known_wrong_passed") or {}).items() if v]
+                res = "pass" if c.get("ok") and not wrong else "**FAIL**"
+                note = ("known-wrong results also passed: " + ", ".join(wrong)) if wrong \
+                    else (r.get("note") or "")
+                out.append(f"| `{f.name}` ({commit}) | {meta.get('vllm', '–')} | "
+                           f"{r.get('spec')} | {r.get('model')} | {r.get('tp')} | {name} | "
+                           f"{res} | {layers} | {_per_layer(c, 'min_cosine', 5)} | "
+                           f"{_per_layer(c, 'max_rel_l2_err', 4)} | {note} |")
     return out

@@ -385,13 +385,16 @@ def main(a) -> int:
                     gpu=torch.cuda.get_device_name(0) if n_gpus else None)
     except Exception as exc:  # noqa: BLE001
         meta["versions_error"] = str(exc)
-    try:
-        meta["shim_commit"] = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
-                                             capture_output=True, text=True).stdout.strip()
-    except OSError:
-        pass
-    # The device copy may have no .git: the caller names the commit its snapshot came from.
-    meta["shim_commit"] = meta.get("shim_commit") or os.environ.get("GPU_MODELS_COMMIT")
+    # The device copy's .git (if any) need not be what runs: the caller names the commit its
+    # snapshot came from.
+    meta["shim_commit"] = os.environ.get("GPU_MODELS_COMMIT")
+    if not meta["shim_commit"]:
+        try:
+            meta["shim_commit"] = subprocess.run(
+                ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                text=True).stdout.strip() or None
+        except OSError:
+            pass
     results: dict[str, dict] = {}
 
     def load(t):
@@ -523,10 +526,10 @@ def merge(dirs: list[str], meta: dict) -> dict:
                 continue
             params = json.loads(f.with_name(f.stem + ".params.json").read_text())
             res = json.loads(f.read_text())
-            tid = ":".join(x for x in (params["kind"], params["model"], params.get("spec"))
+            # file stem = task id with ":" -> "_" (kind_model[_release][_tp2])
+            rest = f.stem.removeprefix(f"{params['kind']}_{params['model']}").lstrip("_")
+            tid = ":".join(x for x in (params["kind"], params["model"], *rest.split("_"))
                            if x)
-            if params.get("tp", 1) != 1:
-                tid += f":tp{params['tp']}"
             res.pop("traceback", None)
             if "log_tail" in res:
                 res["log_tail"] = res["log_tail"][-800:]
@@ -534,6 +537,8 @@ def merge(dirs: list[str], meta: dict) -> dict:
                          "tp": params.get("tp", 1), "call": Path(d).name, **res}
     for tid in [r["id"] for r in rows.values() if r["kind"] == "gen"]:
         rows[tid]["spec"] = tid.split(":")[2]
+    for r in meta.pop("extra_rows", []):
+        rows[r["id"]] = r
     return {"meta": meta, "runs": sorted(rows.values(), key=lambda r: r["id"])}
 
 
