@@ -11,7 +11,9 @@ How: speculators names its extension by string in ``ParallelConfig``; the reboun
 :mod:`speculators_compat.worker_extension`'s class for the installed speculators'
 result contract instead. It answers the same RPCs, captures with forward hooks on the
 decoder layers and attributes rows with the runner's real batch layout. Pipeline
-parallelism is refused here, before any worker starts. The capture reads both the V1
+parallelism is refused here, before any worker starts, and so are the models the shim
+knows it cannot run (:mod:`speculators_compat._model_support`: sliding-window + full
+attention on a GPU build), before any weights load. The capture reads both the V1
 runner's ``input_batch`` and Model Runner V2's per-step batch; where the release has the
 switch, the generator's construction runs with ``VLLM_USE_V2_MODEL_RUNNER=0`` unless the
 user set it (V1 is the most tested path; ``=1`` is honoured), and the variable is
@@ -117,12 +119,23 @@ class HookCapture(GeneratorAdapter):
             return wrapped(*args, **kwargs)
 
         patcher.wrap(gen, "ParallelConfig", wrapper)
+        patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", _refuse_unsupported_models)
         if knows_v2_runner_switch():
             # the generator (config + spawned workers) is built with the V1 model runner unless
             # the user chose (the worker then refuses V2 clearly)
             patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__",
                          _helpers.with_env_default(V2_SWITCH, "0"))
         ctx.memo(WORKER_EXTENSION_KEY, lambda: ours)  # what generate_guard checks workers for
+
+
+def _refuse_unsupported_models(wrapped, instance, args, kwargs):
+    """Before the generator loads anything: refuse models known not to run here."""
+    from .._model_support import check_generator_model
+
+    path = kwargs.get("model_path", args[0] if args else None)
+    if isinstance(path, str):
+        check_generator_model(path)
+    return wrapped(*args, **kwargs)
 
 
 V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"

@@ -1,0 +1,100 @@
+"""Models the shim refuses before any weights load, and why.
+
+Why: some combinations fail only after vLLM has loaded the weights (minutes for a real
+checkpoint), deep inside vLLM, with a message that names neither the model nor a way out.
+Where the cause is known, the generator's construction is refused up front with a
+``CompatError`` that says what is unsupported and what to use instead.
+
+Known today (measured on an H200 with vLLM 0.26.0, docs/gpu.md "Real-shape models"):
+
+- **Sliding-window + full attention in one model** (GPT-OSS, Gemma 2/3, ...: ``layer_types``
+  mixes ``sliding_attention`` with another kind) **on a GPU build**: speculators' generator
+  puts every layer in one KV cache group. vLLM's GPU model runner marks each layer's spec with
+  its backend's ``indexes_kv_by_block_stride``; ``unify_hybrid_kv_cache_specs`` (speculators
+  0.4 calls it) rebuilds the sliding-window specs without that field, and merging them fails
+  ("All attention layers in the same KV cache group must have the same attention spec"), as
+  it does with speculators 0.3 (no unification at all). The CPU build does not mark the field
+  and the same models pass there (vLLM 0.32, both releases). Probed from vLLM's sources, not
+  keyed on versions.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ._core import CompatError
+
+SLIDING = "sliding_attention"
+
+
+def _text_config(config: Any) -> Any:
+    text = getattr(config, "text_config", None)
+    return text if text is not None and not isinstance(text, dict) else config
+
+
+def mixed_attention_kinds(config: Any) -> list[str] | None:
+    """The attention kinds of a config that mixes sliding-window with other layers, else None."""
+    kinds = list(getattr(_text_config(config), "layer_types", None) or [])
+    distinct = sorted(set(kinds))
+    return distinct if SLIDING in distinct and len(distinct) > 1 else None
+
+
+def _source(module: str, name: str | None = None) -> str | None:
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+        return inspect.getsource(getattr(mod, name) if name else mod)
+    except Exception:  # noqa: BLE001 - a probe: unknown means "not this shape"
+        return None
+
+
+def unify_drops_block_stride() -> bool:
+    """vLLM's GPU runner marks specs with ``indexes_kv_by_block_stride`` and
+    ``unify_hybrid_kv_cache_specs`` does not carry the field over (the failing shape)."""
+    runner = _source("vllm.v1.worker.gpu_model_runner") or ""
+    unify = _source("vllm.v1.core.kv_cache_utils", "unify_hybrid_kv_cache_specs")
+    return ("indexes_kv_by_block_stride" in runner and unify is not None
+            and "indexes_kv_by_block_stride" not in unify)
+
+
+def gpu_platform() -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cuda_alike())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def refusal(config: Any, *, gpu: bool, drops_block_stride: bool) -> str | None:
+    """Why the generator cannot run this model here, or None (pure: the probes are arguments)."""
+    kinds = mixed_attention_kinds(config)
+    if kinds and gpu and drops_block_stride:
+        arch = ",".join(getattr(config, "architectures", None) or []) or "this model"
+        return (
+            f"speculators-compat: {arch} mixes sliding-window and full attention layers "
+            f"(layer_types: {', '.join(kinds)}). speculators' generator puts all layers in "
+            "one KV cache group, which this vLLM's GPU build cannot form (its "
+            "unify_hybrid_kv_cache_specs drops the layers' indexes_kv_by_block_stride; vLLM "
+            "fails after loading the weights with 'All attention layers in the same KV cache "
+            "group must have the same attention spec'). Not supported by the shim on GPU: "
+            "extract this model's hidden states with vLLM's own extract_hidden_states "
+            "(what speculators >= 0.5 uses), or with a CPU build of vLLM.")
+    return None
+
+
+def check_generator_model(model_path: str) -> None:
+    """Raise ``CompatError`` before the generator loads anything it cannot run."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
+    except Exception:  # noqa: BLE001 - speculators itself reports an unreadable config
+        return
+    if mixed_attention_kinds(config) is None:
+        return
+    why = refusal(config, gpu=gpu_platform(), drops_block_stride=unify_drops_block_stride())
+    if why:
+        raise CompatError(why)

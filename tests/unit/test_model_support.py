@@ -1,0 +1,62 @@
+"""Models refused before any weights load (speculators_compat._model_support).
+
+The refusal's cause was measured on an H200 (vLLM 0.26.0, docs/gpu.md "Real-shape
+models"): GPT-OSS through speculators' generator fails after the weights load in vLLM's KV
+cache grouping. Here: the decision (pure), the probes against the installed vLLM, and the
+wrapper the hook_capture adapter puts on the generator's constructor.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+
+from speculators_compat import _model_support as ms
+from speculators_compat._core import CompatError
+
+GPT_OSS = SimpleNamespace(architectures=["GptOssForCausalLM"],
+                          layer_types=["sliding_attention", "full_attention"] * 2)
+LLAMA = SimpleNamespace(architectures=["LlamaForCausalLM"], layer_types=None)
+
+
+def test_mixed_attention_is_found_also_under_a_text_config():
+    assert ms.mixed_attention_kinds(GPT_OSS) == ["full_attention", "sliding_attention"]
+    wrapper = SimpleNamespace(architectures=["X"], text_config=GPT_OSS)
+    assert ms.mixed_attention_kinds(wrapper) == ["full_attention", "sliding_attention"]
+    assert ms.mixed_attention_kinds(LLAMA) is None
+    only_sliding = SimpleNamespace(layer_types=["sliding_attention"] * 4)
+    assert ms.mixed_attention_kinds(only_sliding) is None
+
+
+def test_refused_only_where_it_fails():
+    why = ms.refusal(GPT_OSS, gpu=True, drops_block_stride=True)
+    assert why and "GptOssForCausalLM" in why and "sliding-window and full attention" in why
+    assert "extract_hidden_states" in why and "CPU build" in why  # what to use instead
+    assert ms.refusal(GPT_OSS, gpu=False, drops_block_stride=True) is None  # CPU: passes
+    assert ms.refusal(GPT_OSS, gpu=True, drops_block_stride=False) is None
+    assert ms.refusal(LLAMA, gpu=True, drops_block_stride=True) is None
+
+
+def test_probes_run_against_the_installed_vllm():
+    assert ms.gpu_platform() in (True, False)
+    assert ms.unify_drops_block_stride() in (True, False)
+
+
+def test_check_raises_before_the_wrapped_constructor(monkeypatch, tmp_path):
+    from speculators_compat.adapters import hook_capture
+
+    monkeypatch.setattr(ms, "gpu_platform", lambda: True)
+    monkeypatch.setattr(ms, "unify_drops_block_stride", lambda: True)
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: GPT_OSS))
+    called = []
+    with pytest.raises(CompatError, match="sliding-window and full attention"):
+        hook_capture._refuse_unsupported_models(lambda *a, **k: called.append(1), None,
+                                                (str(tmp_path),), {})
+    assert not called  # nothing was built
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: LLAMA))
+    hook_capture._refuse_unsupported_models(lambda *a, **k: called.append(1), None,
+                                            (str(tmp_path),), {})
+    assert called == [1]
