@@ -9,6 +9,12 @@ equal a transformers forward, its loss mask is there and marks some (not all) to
 tokens are the chat-template encoding of exactly one conversation, and the workers
 report an activation of kind ``worker`` that the driver's report file did not overwrite.
 One generator start per env x speculators combination.
+
+The same files then train an EAGLE-3 draft (issue 14: the rest of the pipeline in the
+same environment): scripts/train_draft.py, again under ``speculators-compat run``, builds
+the draft with speculators' own classes, loads the samples with ``speculators.train.data``,
+runs forward + backward + an optimizer step on CPU, saves, reloads and compares config,
+weights and forward exactly (with known-wrong controls in every run).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from helpers import SCRIPTS, checkpoint, installed, require_speculators, run_in_
 
 pytestmark = pytest.mark.e2e
 
-LAYERS = [0, 2, 5]
+#: Four layers: EAGLE-3 trains on three auxiliary layers + the last one (the target).
+LAYERS = [0, 2, 4, 5]
 TOPICS = ["the quick brown fox", "speculative decoding", "hidden states of the verifier",
           "hello world", "a small draft model", "tokens and layers"]
 
@@ -84,7 +91,7 @@ def offline_run():
         report_path = tmp / "compat-report.json"
         report = json.loads(report_path.read_text()) if report_path.exists() else None
         yield {"rc": rc, "output": output[-8000:], "samples": samples, "info": info,
-               "report": report, "model": model}
+               "report": report, "model": model, "out": out, "tmp": tmp, "env": env}
 
 
 def test_run_saves_one_file_per_conversation(offline_run):
@@ -140,3 +147,49 @@ def test_workers_activated_at_start_and_report_file_is_the_drivers(offline_run):
     # Written by the explicit activate() of `run` only, not by a child's activation.
     assert report is not None and report["process"] == "driver"
     assert report["pid"] == info["driver_pid"]
+
+
+@pytest.fixture(scope="module")
+def trained(offline_run):
+    """scripts/train_draft.py on the files the generator just wrote (one interpreter)."""
+    assert offline_run["rc"] == 0, offline_run["output"]
+    tmp = offline_run["tmp"]
+    env = dict(offline_run["env"])
+    # speculators 0.3.0 wraps the draft's forward in torch.compile; compiling on CPU costs
+    # minutes and changes no result (0.4 compiles only with CUDA): eager here.
+    env["TORCHDYNAMO_DISABLE"] = "1"
+    result_path = tmp / "train.json"
+    cmd = [sys.executable, "-m", "speculators_compat", "run", str(SCRIPTS / "train_draft.py"),
+           "--model", offline_run["model"], "--data", str(offline_run["out"]),
+           "--token-freq", str(tmp / "freq.pt"), "--work", str(tmp / "train"),
+           "--out", str(result_path)]
+    rc, output = run_in_own_session(cmd, env, tmp / "train.log", 600, tmp)
+    assert rc == 0 and result_path.exists(), output[-8000:]
+    return json.loads(result_path.read_text())
+
+
+def test_draft_trains_on_generated_samples(trained):
+    assert trained["files"] == len(conversations())
+    assert trained["loss_finite"] and len(trained["losses"]) == 1, trained["losses"]
+    assert trained["trainable"], trained
+    assert trained["params_without_grad"] == [], trained["params_without_grad"]
+    assert trained["changed_by_step"] == trained["trainable"]
+
+
+def test_draft_round_trip_is_exact(trained):
+    assert trained["config_class"] == "Eagle3SpeculatorConfig"
+    assert trained["saved_speculators_model_type"] == "eagle3"
+    assert trained["config_json_diff"] == [] and trained["config_dict_diff"] == []
+    assert trained["unexpected_keys"] == []
+    # only what speculators does not save (derived from the verifier at construction)
+    assert set(trained["missing_keys"]) <= {"verifier_lm_head.weight", "verifier_norm.weight"}
+    assert trained["weights_compared"] > 0 and trained["weights_diff"] == []
+    assert trained["forward_diff"] == []
+    dense, flex = trained["dense_vs_flex_loss"]
+    assert abs(dense - flex) <= 1e-4 * max(1.0, abs(flex)), (dense, flex)
+
+
+def test_round_trip_checks_see_known_wrong_reloads(trained):
+    assert trained["control_weights_diff"] == ["fc.weight"]
+    assert trained["control_forward_diff"], "a reload with a changed weight went unnoticed"
+    assert trained["control_config_diff"] == ["draft_vocab_size"]
