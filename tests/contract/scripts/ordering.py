@@ -17,8 +17,9 @@ import multiprocessing
 import sys
 
 GEN = "speculators.data_generation.vllm_hidden_states_generator"
-#: The child's selection: an import-time adapter (acts in workers too).
-ONLY = ["kv_cache_helpers_relocated"]
+#: The child's selection: an import-time adapter (acts in workers too) whose probe does
+#: not import vLLM (the child stays cheap: the disabled adapters are not probed).
+ONLY = ["transformers5_config_torch"]
 
 
 def child(conn) -> None:
