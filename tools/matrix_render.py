@@ -102,7 +102,8 @@ def render(data: dict[str, Any]) -> str:
     recs = [data["envs"][k] for k in sorted(data["envs"], key=envs.version_key)]
     specs = list(envs.SPECULATORS)
     out = [*_intro(specs), *_environments(recs), *_results(recs, specs),
-           *_unsupported(recs), *render_gpu(), *render_gpu_models(), *_verdicts(recs, specs),
+           *_unsupported(recs), *render_gpu(), *render_gpu_models(), *render_suites(),
+           *_verdicts(recs, specs),
            *_notes(recs, specs)]
     return "\n".join(out).rstrip() + "\n"
 
@@ -344,6 +345,52 @@ def _problems(recs: list[dict[str, Any]]) -> list[str]:
                 which = tests[0] if len(tests) == 1 else f"{len(tests)} tests ({tests[0]}, …)"
                 notes.append(f"- {where}, tests/contract: {which}: {code(short(msg, 400))}")
     return notes
+
+
+def render_suites(results: Path = GPU_RESULTS) -> list[str]:
+    """speculators' own unit suites per env, shim on/off (the newest
+    ``docs/results/speculators-suites-*.json``, written by tools/speculators_suites.py)."""
+    files = sorted(results.glob("speculators-suites-*.json"))
+    if not files:
+        return []
+    data = json.loads(files[-1].read_text())
+    out = ["", "## speculators' own unit suites (configs, models, conversion, training)", "",
+           f"`tests/unit` of speculators' repository at each release tag, run by "
+           f"`tools/speculators_suites.py` (`{files[-1].name}`); `shim` = through "
+           "`python -m speculators_compat run -m pytest`. The machine is offline: *hub* counts "
+           "the failures that need the model hub. Pinned stack: the vLLM "
+           f"{data.get('pinned_env')} env (transformers 4.57).", "",
+           "| speculators | vLLM env | mode | passed | failed | errors | hub | other failures |",
+           "|---|---|---|---|---|---|---|---|"]
+    for release in sorted(data.get("results") or {}):
+        for env in sorted(data["results"][release], key=envs.version_key):
+            for mode in ("bare", "shim"):
+                r = data["results"][release][env].get(mode)
+                if r is None:
+                    continue
+                others = r.get("non_hub_failures") or []
+                shown = ", ".join(f"`{t.split('::')[-1]}`" for t in others[:4])
+                more = f" (+{len(others) - 4})" if len(others) > 4 else ""
+                out.append(f"| {release} | {env} | {mode} | {r.get('passed', '–')} | "
+                           f"{r.get('failed', '–')} | {r.get('error', '–')} | "
+                           f"{len(r.get('hub_failures') or [])} | "
+                           f"{(shown + more) if others else r.get('error_text', '') or '–'} |")
+    verdicts = data.get("verdicts") or {}
+    if verdicts:
+        out.append("")
+        for name, v in sorted(verdicts.items()):
+            if v.get("ok"):
+                out.append(f"- {name}: every test that passes on the pinned stack passes "
+                           f"({v.get('pinned_passing')}), hub tests aside.")
+            else:
+                reg = v.get("regressed") or []
+                out.append(f"- {name}: {len(reg)} of {v.get('pinned_passing')} pinned-stack "
+                           f"passes do not pass: "
+                           + ", ".join(f"`{t.split('::')[-1]}`" for t in reg[:6])
+                           + (" …" if len(reg) > 6 else "") + ".")
+    for note in data.get("notes") or []:
+        out.append(f"- {note}")
+    return out
 
 
 def render_gpu(results: Path = GPU_RESULTS) -> list[str]:
