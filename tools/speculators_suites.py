@@ -99,6 +99,23 @@ def parse_junit(path: Path) -> dict:
             "outcomes": outcomes}
 
 
+def merge_junit(paths: list[Path]) -> dict:
+    merged: dict = {"outcomes": {}, "hub_failures": set()}
+    for path in paths:
+        part = parse_junit(path)
+        merged["outcomes"].update({t: v for t, v in part["outcomes"].items()
+                                   if not t.startswith("::")})
+        merged["hub_failures"].update(part["hub_failures"])
+    outcomes, hub = merged["outcomes"], merged["hub_failures"]
+    hub = {t for t in hub if outcomes.get(t) in ("failed", "error")}
+    counts = {k: sum(1 for v in outcomes.values() if v == k)
+              for k in ("passed", "failed", "error", "skipped")}
+    return {**counts, "hub_failures": sorted(hub),
+            "non_hub_failures": sorted(t for t, v in outcomes.items()
+                                       if v in ("failed", "error") and t not in hub),
+            "outcomes": outcomes}
+
+
 def verdicts(results: dict) -> dict:
     """Per release: tests passing on the pinned stack (bare) that do not pass elsewhere
     with the shim, hub failures aside."""
@@ -145,10 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         key, _, path = item.partition("=")
         release, env_version, mode = key.split(":")
         given[(release, env_version, mode)] = Path(path)
+        paths = [Path(x) for x in path.split(",")]  # parts of one suite (an interrupted
+        # run's junit + a run of the tests it had not reached), merged by test id
         results.setdefault(release, {}).setdefault(env_version, {})[mode] = {
             "command": "python[ -m speculators_compat run] -m pytest tests/unit -q -o addopts= "
-                       "-p no:cacheprovider", "junit": Path(path).name,
-            **parse_junit(Path(path))}
+                       "-p no:cacheprovider", "junit": [x.name for x in paths],
+            **merge_junit(paths)}
     with tempfile.TemporaryDirectory() as tmp:
         for tag in args.tags:
             release = tag.lstrip("v")
