@@ -94,6 +94,9 @@ def parse_args(argv=None):
     p.add_argument("--ttt-steps", type=int, default=3)
     p.add_argument("--draft-vocab-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpu-mem", type=float, default=0.8,
+                   help="the generator's gpu_memory_utilization (speculators' default 0.8); "
+                        "smaller when other runs share the GPU")
     return p.parse_args(argv)
 
 
@@ -106,7 +109,8 @@ def generate(model: str, out: Path, args) -> dict:
             for _ in range(args.samples)]
     t0 = time.perf_counter()
     gen = VllmHiddenStatesGenerator(model_path=model, layer_ids=LAYERS,
-                                    max_model_len=args.max_len + 8, tensor_parallel_size=1)
+                                    max_model_len=args.max_len + 8, tensor_parallel_size=1,
+                                    gpu_memory_utilization=args.gpu_mem)
     results = []
     for start in range(0, len(seqs), 64):
         batch = seqs[start:start + 64]
