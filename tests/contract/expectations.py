@@ -77,6 +77,10 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
         lambda e: _status(e.transformers_major >= 5),
         "transformers 5 makes every PretrainedConfig subclass a dataclass with a generated "
         "__init__: speculators' pydantic configs raise AttributeError __pydantic_fields_set__"),
+    "transformers5_config_pad_token": (
+        lambda e: _status(e.transformers_major >= 5),
+        "transformers 5 dropped pad_token_id from the PreTrainedConfig base; speculators' "
+        "EagleSpeculator.__init__ reads transformer_layer_config.pad_token_id"),
     "transformers5_config_validate": (
         lambda e: _status(e.transformers_major >= 5),
         "transformers 5's config save_pretrained calls self.validate(), pydantic's "

@@ -153,13 +153,14 @@ def _consumer_owned(gen: ModuleType) -> dict[str, object]:
 
 
 def CONFIG_CLASSES() -> list[type]:  # noqa: N802 - a constant computed late
-    """transformers' config base and speculators' config base (the transformers5_config_*
-    adapters change these class namespaces, scoped to speculators' configs)."""
+    """transformers' config base, speculators' config base and EAGLE draft (the
+    transformers5_config_* adapters change these class namespaces, scoped to speculators')."""
     from speculators.config import SpeculatorModelConfig
+    from speculators.models.eagle import EagleSpeculator
 
     from speculators_compat.adapters.transformers5_config_dataclass import config_class
 
-    return [config_class(), SpeculatorModelConfig]
+    return [config_class(), SpeculatorModelConfig, EagleSpeculator]
 
 #: Variables vLLM's own modules set when first imported (not the shim's doing; which
 #: import comes first depends on test order): e.g. vllm._aiter_ops syncs AITER_SITUV2_*.

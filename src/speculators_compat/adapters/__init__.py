@@ -29,6 +29,7 @@ from .scheduling_sync import SchedulingSync
 from .shm_transport import ShmTransport
 from .speculators_supported import SpeculatorsSupported
 from .transformers5_config_dataclass import Transformers5ConfigDataclass
+from .transformers5_config_pad_token import Transformers5ConfigPadToken
 from .transformers5_config_torch import Transformers5ConfigTorch
 from .transformers5_config_validate import Transformers5ConfigValidate
 from .worker_spawn_method import WorkerSpawnMethod
@@ -40,6 +41,7 @@ ADAPTERS: list[Adapter] = [
     # before speculators' generator module is imported
     KVCacheHelpersRelocated(),
     Transformers5ConfigValidate(),  # imports speculators.config (built by the fixes above)
+    Transformers5ConfigPadToken(),  # speculators.models.eagle (imported by speculators)
     # scope: speculators with the in-process generator
     SpeculatorsSupported(),
     # names inside speculators' generator module
