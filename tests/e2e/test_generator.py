@@ -5,9 +5,16 @@ Every returned layer is compared with a bf16 transformers forward of the same ch
 mixed-length sequences must come back whole and in input order. The same run shows the
 comparison is able to fail: the result compared in deliberately wrong ways (neighbouring
 layer, swapped rows, rows one position late, no residual) must fail every time.
+
+The module's runs (one generator each, fresh interpreters) are independent, so the ones
+this combination runs start together, two at a time, when the first test needs one:
+start-up (importing vLLM in the driver and the worker) is most of their time, on one
+core each.
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from helpers import checkpoint, installed, require_speculators, run_script, vllm_version
@@ -39,14 +46,39 @@ def _assert_ok(result: dict) -> None:
     assert not any(wrong.values()), wrong
 
 
+def _chunked_arg() -> bool:
+    return installed("speculators").startswith("0.4")
+
+
+def _mla() -> bool:
+    return vllm_version() >= Version("0.28.0")
+
+
 @pytest.fixture(scope="module")
-def llama_run():
+def runs():
+    """The module's generator runs that apply here, started two at a time, biggest
+    first: name -> future of the result."""
     require_speculators()
+    llama = checkpoint("llama")
     # speculators 0.3 has no max_num_batched_tokens: a first batch above its fixed
     # 8192-token step budget is its chunked-prefill case.
     long = ["--long-batch", "36"] if installed("speculators").startswith("0.3") else []
-    return run_script("generate.py", "--model", checkpoint("llama"), "--layers", "0,2,5",
-                      "--batches", "1,12,33,64", "--consistency", "--preempt", *long)
+    args = {"llama": ("--model", llama, "--layers", "0,2,5", "--batches", "1,12,33,64",
+                      "--consistency", "--preempt", *long)}
+    if _chunked_arg():
+        args["chunked"] = ("--model", llama, "--batches", "11", "--max-num-batched-tokens",
+                           "64", "--min-len", "40", "--max-len", "120")
+    if _mla():
+        args["deepseek_v3"] = ("--model", checkpoint("deepseek_v3"), "--layers", "0,1,3",
+                               "--batches", "12")
+    args["no_activate"] = ("--model", llama, "--batches", "3", "--no-activate")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {name: pool.submit(run_script, "generate.py", *a) for name, a in args.items()}
+
+
+@pytest.fixture(scope="module")
+def llama_run(runs):
+    return runs["llama"].result()
 
 
 def test_llama_hidden_states_match_transformers(llama_run):
@@ -111,10 +143,8 @@ def test_preempted_prompts_are_recomputed_not_misattributed(llama_run):
     assert (pre["error"] is None) == (combo not in PREEMPTION_REFUSED), (combo, pre)
 
 
-def test_without_activate_fails_like_upstream():
-    require_speculators()
-    result = run_script("generate.py", "--model", checkpoint("llama"), "--batches", "3",
-                        "--no-activate")
+def test_without_activate_fails_like_upstream(runs):
+    result = runs["no_activate"].result()
     assert not result["ok"]
     assert "failed_step" in result, "upstream speculators should fail on this vLLM without us"
     step, error = result["failed_step"], result["error"]
@@ -128,19 +158,13 @@ def test_without_activate_fails_like_upstream():
         assert step.startswith("start VllmHiddenStatesGenerator"), (step, error)
 
 
-def test_chunked_prefill_gives_whole_sequences():
-    require_speculators()
-    if not installed("speculators").startswith("0.4"):
+def test_chunked_prefill_gives_whole_sequences(runs):
+    if not _chunked_arg():
         pytest.skip("max_num_batched_tokens is a speculators 0.4 argument")
-    result = run_script("generate.py", "--model", checkpoint("llama"), "--batches", "11",
-                        "--max-num-batched-tokens", "64", "--min-len", "40", "--max-len", "120")
-    _assert_ok(result)
+    _assert_ok(runs["chunked"].result())
 
 
-def test_deepseek_v3_layout_matches_transformers():
-    require_speculators()
-    if vllm_version() < Version("0.28.0"):
+def test_deepseek_v3_layout_matches_transformers(runs):
+    if not _mla():
         pytest.skip("vLLM's CPU backend runs MLA from about 0.28")
-    result = run_script("generate.py", "--model", checkpoint("deepseek_v3"), "--layers",
-                        "0,1,3", "--batches", "12")
-    _assert_ok(result)
+    _assert_ok(runs["deepseek_v3"].result())

@@ -4,10 +4,13 @@ A 1 MiB pool makes both of its paths run: batches of 12 and 5 sequences stream i
 shared memory during the forward, a batch of 64 is larger than the pool and comes in
 pieces. Every batch is compared with transformers after all three calls ran, so a held
 result that a later call overwrote would fail. With tensor parallelism (vLLM 0.32's CPU
-build, speculators 0.4.0.1) only rank 0 exports.
+build, speculators 0.4.0.1) only rank 0 exports. The tensor-parallel sizes run side by
+side (independent fresh interpreters; start-up is most of their time, on one core each).
 """
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from helpers import checkpoint, installed, require_speculators, run_script, vllm_version
@@ -25,10 +28,20 @@ def _tp_sizes() -> list[int]:
     return [1, 2] if tp2 else [1]
 
 
-@pytest.mark.parametrize("tp", _tp_sizes())
-def test_transport_streams_pieces_and_keeps_held_results(tp):
+@pytest.fixture(scope="module")
+def runs():
+    """tp -> future of that run's result, all started together."""
     require_speculators()
-    result = run_script("transport.py", "--model", checkpoint("llama"), "--tp", str(tp))
+    model = checkpoint("llama")
+    sizes = _tp_sizes()
+    with ThreadPoolExecutor(max_workers=len(sizes)) as pool:
+        yield {tp: pool.submit(run_script, "transport.py", "--model", model, "--tp", str(tp))
+               for tp in sizes}
+
+
+@pytest.mark.parametrize("tp", _tp_sizes())
+def test_transport_streams_pieces_and_keeps_held_results(tp, runs):
+    result = runs[tp].result()
     assert "failed_step" not in result, (result.get("failed_step"), result.get("error"),
                                          result.get("_stderr_tail"))
     statuses = {a["name"]: a["status"] for a in result["report"]["adapters"]}
