@@ -61,7 +61,10 @@ PINNED = ["pydantic==2.12.5", "pydantic-core==2.41.5"]  # speculators needs pyda
 # Imported by vLLM on the GPU path, but left out of the resolved set below (their own
 # dependencies are torch/nvidia wheels the machine already has).
 EXTRA_NO_DEPS = ["flashinfer-python==0.6.14",
-                 "nvidia-cudnn-frontend>=1.19.1", "nvtx==0.2.15", "cuda-tile"]
+                 "nvidia-cudnn-frontend>=1.19.1", "nvtx==0.2.15", "cuda-tile",
+                 # speculators' training code (train/vocab_mapping.py imports datasets;
+                 # their other dependencies are on the machine): tests/e2e/scripts/gpu_train.py
+                 "datasets==4.6.0", "multiprocess==0.70.18"]
 # Requirements of vLLM that are not resolved: on the machine already, or GPU kernel packages
 # the tiny-checkpoint path does not import (torchcodec, tilelang, cutlass-dsl, ...).
 SKIP_REQS = re.compile(
