@@ -127,3 +127,14 @@ def has_cuda() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def speculators_class(ctx: Context, module: str, name: str) -> type | None:
+    """``module.name`` from the installed speculators, or None when speculators or that
+    module is missing (the training-side adapters are then not needed)."""
+    if ctx.versions.get("speculators") is None:
+        return None
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ModuleNotFoundError:
+        return None

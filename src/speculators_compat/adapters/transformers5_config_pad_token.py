@@ -19,11 +19,11 @@ Remove when: speculators 0.3/0.4 are no longer supported.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 from .._adapter import Adapter, Context, Phase, Stage, Verdict
 from .._patcher import Patcher
+from ._probes import speculators_class
 from .transformers5_config_dataclass import config_class
 
 EAGLE = "speculators.models.eagle"
@@ -31,12 +31,7 @@ READ = "transformer_layer_config.pad_token_id"
 
 
 def eagle_class(ctx: Context) -> type | None:
-    if ctx.versions.get("speculators") is None:
-        return None
-    try:
-        return getattr(importlib.import_module(EAGLE), "EagleSpeculator", None)
-    except ModuleNotFoundError:
-        return None
+    return speculators_class(ctx, EAGLE, "EagleSpeculator")
 
 
 class Transformers5ConfigPadToken(Adapter):

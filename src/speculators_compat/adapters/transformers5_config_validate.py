@@ -19,11 +19,11 @@ Remove when: speculators 0.3/0.4 are no longer supported.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from .._adapter import Adapter, Context, Phase, Stage, Verdict
 from .._patcher import Patcher
+from ._probes import speculators_class
 from .transformers5_config_dataclass import config_class
 
 SPECULATORS_CONFIG = "speculators.config"
@@ -51,13 +51,7 @@ class DualValidate:
 
 
 def speculators_config_class(ctx: Context) -> type | None:
-    if ctx.versions.get("speculators") is None:
-        return None
-    try:
-        mod = importlib.import_module(SPECULATORS_CONFIG)
-    except ModuleNotFoundError:
-        return None
-    return getattr(mod, "SpeculatorModelConfig", None)
+    return speculators_class(ctx, SPECULATORS_CONFIG, "SpeculatorModelConfig")
 
 
 class Transformers5ConfigValidate(Adapter):
