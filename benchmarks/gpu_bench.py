@@ -461,6 +461,7 @@ def child_b(p: dict) -> None:
     check = None
     for size in _batch_order(p):
         ps = _Pass(size)
+        driver0 = _driver_stats(gen)
         first: list = []
         for batch in _chunks(seqs, size):
             t = time.perf_counter()
@@ -476,11 +477,24 @@ def child_b(p: dict) -> None:
             res["check_file"] = check
         ps.extra["dtype"] = str(first[0][0].dtype) if first else None
         ps.extra["transport"] = _try(lambda: gen.executor.collective_rpc(_transport_stats))
+        driver1 = _driver_stats(gen)
+        if driver0 is not None and driver1 is not None:
+            # This pass's driver-side share: the export RPCs, and speculators' copies after
+            # the states arrived (with the threads they ran with).
+            ps.extra["driver"] = {k: (driver1[k] - driver0[k] if k.endswith("_s")
+                                      else driver1[k]) for k in driver1}
         del first
         res["passes"].append(ps.finish(tokens))
         _emit(p, res)
     res["ok"] = True
     _emit(p, res)
+
+
+def _driver_stats(gen) -> dict | None:
+    """The shim's driver-side transport timers (cumulative), if the transport is in use."""
+    importer = getattr(getattr(gen, "executor", None), "__dict__", {}).get("_compat_importer")
+    stats = getattr(importer, "stats", None)
+    return dict(stats) if isinstance(stats, dict) else None
 
 
 def _transport_stats(worker) -> dict | None:

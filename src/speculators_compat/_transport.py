@@ -437,6 +437,10 @@ class ShmImporter:
         self._released: set[int] = set()
         self._lock = threading.Lock()
         self.fallback_reason: str | None = None
+        #: Driver-side timers (cumulative): the export RPCs and mapping (``fetch_s``), the
+        #: rest of ``generate()`` after the states arrived (``after_fetch_s``: speculators'
+        #: copies), the threads that rest ran with (``copy_threads``; 0: not raised).
+        self.stats = {"fetch_s": 0.0, "after_fetch_s": 0.0, "copy_threads": 0}
 
     def take_released(self) -> list[int]:
         with self._lock:

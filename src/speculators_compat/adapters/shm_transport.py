@@ -14,9 +14,11 @@ installed speculators' own contract (same dtype, shapes, lists and order), views
 stay valid as long as they are referenced (see ``speculators_compat._transport``).
 Where shared memory cannot be used, the reply carries the states pickled, as before,
 and the driver logs why. vLLM's own callers of ``collective_rpc`` see no change. Where
-vLLM reduced the driver's intra-op threads to one (GPU platforms), ``generate()`` runs
-with the driver's original thread count, so that speculators' own copies of the
-results are not single-threaded; the reduced count is restored when it returns.
+vLLM reduced the driver's intra-op threads to one (GPU platforms), the rest of a
+``generate()`` call after the states arrived (speculators' own ``clone()`` of every
+returned tensor) runs with the driver's original thread count, so that those copies are
+not single-threaded; the model steps before it keep vLLM's count, and the reduced count
+is restored when ``generate()`` returns.
 Applies when: the shim's worker extension captures (``hook_capture`` applies) and the
 machine has ``memfd_create`` with a readable ``/proc/<pid>/fd``.
 Remove when: speculators < 0.5 support is dropped.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 import weakref
 from types import ModuleType
 
@@ -41,10 +44,10 @@ from .hook_capture import HookCapture
 #: starts a call (answered with the call's plan so rows stream while the model runs).
 CAPTURED_STATES_RPC = "_get_captured_states"
 RESET_CAPTURE_RPC = "_reset_capture"
-#: Intra-op threads of the driver during ``generate()`` where vLLM reduced them to one
-#: (0 or 1: leave vLLM's choice).
+#: Most intra-op threads of the driver while speculators copies the returned states,
+#: where vLLM reduced them to one (0 or 1: leave vLLM's choice).
 COPY_THREADS_ENV = "SPECULATORS_COMPAT_COPY_THREADS"
-DEFAULT_COPY_THREADS = 4
+DEFAULT_COPY_THREADS = 16
 
 
 class ShmTransport(GeneratorAdapter):
@@ -119,7 +122,11 @@ class ShmTransport(GeneratorAdapter):
                     reply = next((r for r in reply if r is not None), None)
                 return reply
 
-            states = importer_of(self).fetch(call)
+            importer = importer_of(self)
+            t0 = time.perf_counter()
+            states = importer.fetch(call)
+            importer.stats["fetch_s"] += time.perf_counter() - t0
+            _raise_copy_threads(self, importer)
             return [states] if listed else states
 
         def shutdown(self, *args, **kwargs):
@@ -150,16 +157,38 @@ class ShmTransport(GeneratorAdapter):
         patcher.wrap(gen.VllmHiddenStatesGenerator, "generate", _copy_threads)
 
 
+def _raise_copy_threads(executor, importer) -> None:
+    """The states have arrived: give the rest of this ``generate()`` call (speculators'
+    ``clone()`` of every tensor) the driver's original intra-op threads.
+
+    Why only now: while the model steps run, spinning OpenMP threads in the driver
+    compete with the worker process that launches the GPU kernels (measured on an H200:
+    16 threads for the whole call halved the throughput); after the last step the worker
+    waits for the driver, and the copies (gigabytes per batch at real model sizes, most
+    of it the kernel zeroing first-touched pages) scale with threads."""
+    ref = executor.__dict__.get("_compat_generator")
+    generator = ref() if ref is not None else None
+    call = None if generator is None else generator.__dict__.get("_compat_copy_call")
+    if not call or call.get("raised"):
+        return
+    import torch
+
+    torch.set_num_threads(call["threads"])
+    call["raised"] = time.perf_counter()
+    importer.stats["copy_threads"] = call["threads"]
+
+
 def _copy_threads(wrapped, instance, args, kwargs):
-    """Run ``generate()`` with the driver's intra-op threads as they were before vLLM's
-    executor reduced them to one (``set_multiprocessing_worker_envs``, GPU platforms),
-    and reduce them again afterwards.
+    """Run ``generate()`` with vLLM's reduced intra-op threads until the states arrive,
+    then (``_raise_copy_threads``) with the driver's original count, and reduce them again
+    when it returns.
 
     Why: speculators copies every captured tensor it returns (``clone()``): gigabytes
     per batch at real model sizes, which on one thread (memcpy plus first-touch page
-    faults) cost more than the transport saved. vLLM reduced the driver's threads so that
-    they do not compete with CPU-bound workers; its GPU workers are idle on the CPU while
-    the driver copies. On vLLM's CPU platform nothing was reduced and nothing changes.
+    faults) cost more than the transport saved. vLLM reduced the driver's threads
+    (``set_multiprocessing_worker_envs``, GPU platforms) so that they do not compete with
+    the workers; after the last step its GPU workers are idle while the driver copies.
+    On vLLM's CPU platform nothing was reduced and nothing changes.
     """
     threads = instance.__dict__.get("_compat_copy_threads")
     if not threads:
@@ -167,8 +196,14 @@ def _copy_threads(wrapped, instance, args, kwargs):
     import torch
 
     reduced = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    call = instance.__dict__["_compat_copy_call"] = {"threads": threads, "raised": None}
     try:
         return wrapped(*args, **kwargs)
     finally:
-        torch.set_num_threads(reduced)
+        instance.__dict__.pop("_compat_copy_call", None)
+        if call["raised"]:
+            torch.set_num_threads(reduced)
+            importer = getattr(getattr(instance, "executor", None), "__dict__", {}).get(
+                "_compat_importer")
+            if importer is not None:
+                importer.stats["after_fetch_s"] += time.perf_counter() - call["raised"]
