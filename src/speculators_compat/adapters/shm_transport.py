@@ -14,7 +14,7 @@ installed speculators' own contract (same dtype, shapes, lists and order), views
 stay valid as long as they are referenced (see ``speculators_compat._transport``).
 Where shared memory cannot be used, the reply carries the states pickled, as before,
 and the driver logs why. vLLM's own callers of ``collective_rpc`` see no change. Where
-vLLM reduced the driver's intra-op threads to one (GPU platforms), the rest of a
+vLLM reduced the driver's intra-op threads when its executor started, the rest of a
 ``generate()`` call after the states arrived (speculators' own ``clone()`` of every
 returned tensor) runs with the driver's original thread count, so that those copies are
 not single-threaded; the model steps before it keep vLLM's count, and the reduced count
@@ -185,10 +185,11 @@ def _copy_threads(wrapped, instance, args, kwargs):
 
     Why: speculators copies every captured tensor it returns (``clone()``): gigabytes
     per batch at real model sizes, which on one thread (memcpy plus first-touch page
-    faults) cost more than the transport saved. vLLM reduced the driver's threads
-    (``set_multiprocessing_worker_envs``, GPU platforms) so that they do not compete with
-    the workers; after the last step its GPU workers are idle while the driver copies.
-    On vLLM's CPU platform nothing was reduced and nothing changes.
+    faults) cost more than the transport saved. vLLM reduces the driver's threads when
+    its executor starts (``set_multiprocessing_worker_envs`` and the platform's own
+    start-up; seen on GPU and CPU builds) so that they do not compete with the workers;
+    after the last step the workers wait while the driver copies. Where nothing was
+    reduced, nothing changes.
     """
     threads = instance.__dict__.get("_compat_copy_threads")
     if not threads:
