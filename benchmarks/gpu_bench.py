@@ -1020,6 +1020,10 @@ def aggregate(docs: list[dict]) -> dict:
                 for k in ("consume_s", "load_s", "generate_s", "seconds"):
                     if ps.get(k) is not None:
                         e.setdefault(k, []).append(ps[k])
+                driver = ps.get("driver") or {}
+                if driver.get("after_fetch_s") is not None:
+                    e.setdefault("after_fetch_s", []).append(driver["after_fetch_s"])
+                    e.setdefault("copy_threads", []).append(driver.get("copy_threads") or 0)
                 if ps.get("held_results_unchanged") is not None:
                     e.setdefault("held_ok", []).append(1.0 if ps["held_results_unchanged"]
                                                        else 0.0)
@@ -1105,9 +1109,10 @@ def render_markdown(docs: list[dict]) -> str:
             ref_s = "" if m == "a" and bsz == 32 else (
                 f"{ref32['medians']:.2f}" if ref32 else "n/a")
             lines.append(f"| {_label(m)} | {bsz} | {_fmt_stats(st)} | {same_s} | {ref_s} |")
-    lines += ["", "| path | batch | timed s | (c) generate s | (c) load files s | consume "
-              "(checksum) s | held results unchanged | driver RSS growth, MiB |",
-              "|---|---:|---:|---:|---:|---:|---|---:|"]
+    lines += ["", "| path | batch | timed s | (c) generate s | (c) load files s | (b) after "
+              "the states arrived s (driver threads) | consume (checksum) s | held results "
+              "unchanged | driver RSS growth, MiB |",
+              "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     for m in modes:
         for bsz in sizes:
             e = agg["extra"].get(f"{m}@{bsz}")
@@ -1118,8 +1123,11 @@ def render_markdown(docs: list[dict]) -> str:
                 return f"{e[k]['median']:.{digits}f}" if e.get(k) else ""
 
             held = e.get("held_ok")
+            after = med("after_fetch_s")
+            if after and e.get("copy_threads"):
+                after += f" ({e['copy_threads']['median']:.0f})"
             lines.append(f"| {_label(m)} | {bsz} | {med('seconds')} | {med('generate_s')} | "
-                         f"{med('load_s')} | {med('consume_s')} | "
+                         f"{med('load_s')} | {after} | {med('consume_s')} | "
                          f"{'' if not held else ('yes' if held['min'] == 1.0 else 'NO')} | "
                          f"{med('rss_growth_mib', 0)} |")
     lines += ["", "| path | driver peak RSS, GiB (median, min – max, n) |", "|---|---|"]
