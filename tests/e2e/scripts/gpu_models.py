@@ -306,6 +306,9 @@ def child_native(p: dict, matched: bool = False) -> dict:
     # process it starts stepping while requests still arrive (a first step of 2 of 11
     # requests, measured on CPU), so the steps would differ from the generator's.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # The model runner the shim runs the generator with (hook_capture); the earlier native
+    # runs got it too (recorded in "workers"), now it is not left to vLLM's choice.
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     t = time.time()
     kw = _native_kwargs(p, build["path"], matched)
     res["llm_kwargs"] = {k: v for k, v in kw.items() if k != "model"}
