@@ -58,16 +58,25 @@ class _CompatHiddenStatesExtension:
             exporter = self._compat_exporter = _transport.ShmExporter()
         return exporter
 
+    def _release_segments(self, released) -> None:
+        """Free the segments the driver no longer views, first thing in either transport
+        RPC: the driver has already forgotten them, so a call that returns early (capture
+        off) or fails would otherwise leave them leased for good, and each later call
+        would allocate and fault in a fresh segment inside its forward step."""
+        exporter = getattr(self, "_compat_exporter", None)
+        if exporter is not None and released:
+            exporter.release(released)
+
     def _compat_reset_capture(self, plan=(), released=()) -> None:
         """speculators' ``_reset_capture`` with the call's plan (request ids and prompt
         lengths in input order) from the shim's driver: rows then stream into shared
         memory while the model runs (:class:`speculators_compat._transport.StreamingSink`)."""
+        self._release_segments(released)
         self._reset_capture()
         cap = self._capture()
         if not cap.enabled or not plan:
             return
         exporter = self._compat_exporter_of_worker()
-        exporter.release(released)
         exporter.new_call()
         cap.sink = _transport.StreamingSink(exporter, plan, len(cap.layer_ids), self.CONTRACT)
 
@@ -75,11 +84,11 @@ class _CompatHiddenStatesExtension:
         """The shared-memory transport's RPC (see :mod:`speculators_compat._transport`):
         what ``_get_captured_states`` returns, as a small descriptor of shared memory;
         ``released`` names segments the driver no longer uses."""
+        self._release_segments(released)
         cap = self._capture()
         if not cap.enabled:
             return None
         exporter = self._compat_exporter_of_worker()
-        exporter.release(released)
         if more:
             return exporter.next_piece()
         sink, cap.sink = cap.sink, None

@@ -115,3 +115,27 @@ def test_extension_names_resolve():
     for path in EXTENSIONS.values():
         mod, _, name = path.rpartition(".")
         assert isinstance(getattr(importlib.import_module(mod), name), type)
+
+
+def test_segments_the_driver_released_are_freed_while_the_capture_is_off(fake_tp):
+    """The driver hands back the shared-memory segments it no longer views with the next
+    call's first RPC (``_compat_reset_capture`` / ``_compat_export_states``). A worker
+    whose capture is off (switched off, as the benchmark's "capture off" does) must still
+    free them: otherwise they stay leased for good, every later call allocates and faults
+    in a fresh segment inside its forward step, and the pool only grows."""
+    from speculators_compat import _transport
+
+    w = worker(ByRequestContractExtension)
+    exporter = w._compat_exporter = _transport.ShmExporter(chunk_bytes=1 << 20)
+    try:
+        first, _ = exporter._alloc(1024)
+        second, _ = exporter._alloc(2 << 20)
+        assert first.sid != second.sid
+        first.leased = second.leased = True
+        w._compat_capture.enabled = False
+        w._compat_reset_capture([("req_0_0", 3)], [first.sid])
+        assert not first.leased and second.leased
+        assert w._compat_export_states([second.sid]) is None
+        assert not second.leased
+    finally:
+        exporter.close()
