@@ -287,6 +287,33 @@ def _native_kwargs(p: dict, path: str, matched: bool = False) -> dict:
     return kw
 
 
+def _cpu_inprocess_workaround() -> None:
+    """CPU builds only (vLLM 0.32): with the worker in this process, the CPU platform's
+    Triton-kernel override scan walks every module in ``sys.modules`` and fails on
+    llvmlite's lazy ffi wrapper (``'_lib_fn_wrapper' object has no attribute 'get'``),
+    which Kimi's multimodal processor imports. Hide llvmlite's modules during that scan."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return
+    if current_platform.is_cuda_alike():
+        return
+    orig = getattr(current_platform, "register_triton_kernel_overrides", None)
+    if orig is None:
+        return
+
+    def register_triton_kernel_overrides(*args, **kwargs):
+        hidden = {n: m for n, m in sys.modules.items() if n.split(".")[0] == "llvmlite"}
+        for n in hidden:
+            del sys.modules[n]
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            sys.modules.update(hidden)
+
+    current_platform.register_triton_kernel_overrides = register_triton_kernel_overrides
+
+
 def child_native(p: dict, matched: bool = False) -> dict:
     import torch
     from safetensors.torch import save_file
@@ -309,6 +336,7 @@ def child_native(p: dict, matched: bool = False) -> dict:
     # The model runner the shim runs the generator with (hook_capture); the earlier native
     # runs got it too (recorded in "workers"), now it is not left to vLLM's choice.
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    _cpu_inprocess_workaround()
     t = time.time()
     kw = _native_kwargs(p, build["path"], matched)
     res["llm_kwargs"] = {k: v for k, v in kw.items() if k != "model"}
