@@ -263,20 +263,22 @@ def gen_batched_tokens(p: dict) -> int:
 
 def _native_kwargs(p: dict, path: str, matched: bool = False) -> dict:
     """``vllm.LLM`` arguments of the native oracle. ``matched``: scheduled like speculators'
-    generator (chunked prefill on, synchronous steps, its step budget and block size);
-    otherwise as vLLM's ``extract_hidden_states`` example runs it (chunked prefill off)."""
+    generator (chunked prefill on, its step budget); otherwise chunked prefill off, as vLLM's
+    ``extract_hidden_states`` example runs it. Everything else is the generator's in both
+    (synchronous steps, block size, eager, no prefix caching), so the two native runs differ
+    in batch composition only."""
     import torch
 
     kw = dict(model=path, trust_remote_code=True, enforce_eager=True,
               enable_prefix_caching=False, max_model_len=p["max_model_len"], seed=0,
               max_num_seqs=GEN_MAX_NUM_SEQS,
               max_num_batched_tokens=max(GEN_MIN_BATCHED_TOKENS, p["max_model_len"]),
-              gpu_memory_utilization=p["native_gpu_mem"], enable_chunked_prefill=False)
+              gpu_memory_utilization=p["native_gpu_mem"], enable_chunked_prefill=False,
+              async_scheduling=False)
+    if torch.cuda.is_available():  # the CPU platform picks its own (cpu_block_size)
+        kw["block_size"] = GEN_BLOCK_SIZE
     if matched:
-        kw.update(enable_chunked_prefill=True, async_scheduling=False,
-                  max_num_batched_tokens=gen_batched_tokens(p))
-        if torch.cuda.is_available():  # the CPU platform picks its own (cpu_block_size)
-            kw["block_size"] = GEN_BLOCK_SIZE
+        kw.update(enable_chunked_prefill=True, max_num_batched_tokens=gen_batched_tokens(p))
     if p.get("native_kv_bytes") and torch.cuda.is_available():
         # A fixed KV budget instead of profiling against what other processes hold (at
         # gpu_memory_utilization 0.15 beside other runs: "Available KV cache memory: -17
