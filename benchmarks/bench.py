@@ -295,7 +295,8 @@ def child_generator(p: dict) -> dict:
     seqs = _sequences(p)
     gen, timers, info = _start_generator(p)
     gen.executor.collective_rpc(bench_timers.time_worker_steps)
-    calls, snaps, cpus, steps, ok, nbytes = [], [], [], [], True, 0
+    gen.executor.collective_rpc(bench_timers.read_transport)  # counters from here on
+    calls, snaps, cpus, steps, ok, nbytes, transport = [], [], [], [], True, 0, []
     for _ in range(p["calls"]):
         timers.reset()
         c0 = bench_timers.cpu_times()
@@ -305,6 +306,7 @@ def child_generator(p: dict) -> dict:
         cpus.append(bench_timers.cpu_delta(c0, bench_timers.cpu_times()))
         snaps.append(timers.snapshot(dt))
         steps.append(gen.executor.collective_rpc(bench_timers.read_worker_steps)[0])
+        transport.append(gen.executor.collective_rpc(bench_timers.read_transport)[0])
         calls.append(dt)
         good, nbytes = _check_results(res, seqs, len(set(p["layer_ids"])), p["hidden_size"])
         ok = ok and good
@@ -314,7 +316,7 @@ def child_generator(p: dict) -> dict:
     return {"tokens": tokens, "seconds": gen_s, "tokens_per_s": tokens / gen_s,
             "calls_s": calls, "cpu_s": bench_timers.median_cpu(cpus), "cpu_s_per_call": cpus,
             "worker_steps": bench_timers.median_steps(steps), "worker_steps_per_call": steps,
-            "ok": ok, "hidden_state_bytes": nbytes,
+            "ok": ok, "hidden_state_bytes": nbytes, "transport_per_call": transport,
             "breakdown": bench_timers.median_breakdown(snaps), **info,
             "processes": bench_timers.process_tree_info()}
 
@@ -328,6 +330,7 @@ def child_capture_on_off(p: dict) -> dict:
     block = ["on", "off", "off", "on"] if p["repeat"] % 2 == 0 else ["off", "on", "on", "off"]
     order = (block * p["d_pairs"])[: 2 * p["d_pairs"]]
     gen.executor.collective_rpc(bench_timers.time_worker_steps)
+    gen.executor.collective_rpc(bench_timers.read_transport)  # counters from here on
     runs: dict[str, list] = {"on": [], "off": []}
     state = "on"
     ok = True
@@ -356,6 +359,7 @@ def child_capture_on_off(p: dict) -> dict:
         run = {"seconds": dt, "breakdown": timers.snapshot(dt),
                "cpu_s": bench_timers.cpu_delta(c0, bench_timers.cpu_times()),
                "worker_steps": gen.executor.collective_rpc(bench_timers.read_worker_steps)[0]}
+        run["transport"] = gen.executor.collective_rpc(bench_timers.read_transport)[0]
         if state == "on":
             run["hooks"] = gen.executor.collective_rpc(bench_timers.read_hook_timers)[0]
             good, run["hidden_state_bytes"] = _check_results(
@@ -372,6 +376,7 @@ def child_capture_on_off(p: dict) -> dict:
                 "calls_s": [r["seconds"] for r in rs],
                 "cpu_s": bench_timers.median_cpu([r["cpu_s"] for r in rs]),
                 "hooks": [r.get("hooks") for r in rs],
+                "transport": [r.get("transport") for r in rs],
                 "worker_steps": bench_timers.median_steps([r["worker_steps"] for r in rs]),
                 "breakdown": bench_timers.median_breakdown([r["breakdown"] for r in rs])}
 
@@ -539,6 +544,27 @@ def aggregate(runs: list[dict]) -> dict:
         agg[f"{name}_worker_step_wall_s"] = _stats([x["wall_s"] for x in rows])
         agg[f"{name}_worker_step_cpu_s"] = _stats([x["cpu_s"] for x in rows])
     agg["d_hook_cpu_s"] = _stats([r["on"].get("hook_cpu_s") for r in d])
+
+    def transport(calls, key):
+        vals = [t[key] for t in calls or () if t]
+        return statistics.median(vals) if vals else None
+
+    # the transport's own in-step copy (StreamingSink.write) and pool, per call
+    agg["b_transport_write_s"] = _stats([transport(r.get("transport_per_call"), "write_s")
+                                         for r in b])
+    agg["d_on_transport_write_s"] = _stats([transport(r["on"].get("transport"), "write_s")
+                                            for r in d])
+    def segments(r):
+        calls = r.get("transport_per_call") or r.get("on", {}).get("transport") or ()
+        return max((t["segments"] for t in calls if t), default=None)
+
+    agg["transport_segments"] = _stats([segments(r) for r in b + d])
+    # how much one process's identical calls differ with nothing changed between them:
+    # (a)'s worker step CPU, max / min over its calls (no shim in that process)
+    agg["a_step_cpu_spread"] = _stats([
+        max(c) / min(c) for r in a
+        for c in [[x["cpu_s"] for x in r.get("worker_steps_per_call") or () if x]]
+        if len(c) > 1 and min(c) > 0])
     agg["d_step_overhead_frac"] = _stats([
         (r["on"]["breakdown"]["seconds"]["execute_model"]
          - r["off"]["breakdown"]["seconds"]["execute_model"])
@@ -636,8 +662,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=3,
                     help="timed generate() calls per vllm_prefill/generator process (its value: "
                          "the median)")
-    ap.add_argument("--d-pairs", type=int, default=2,
-                    help="capture_on_off: capture on/off pairs per process, ABBA order")
+    ap.add_argument("--d-pairs", type=int, default=3,
+                    help="capture_on_off: capture on/off pairs per process, ABBA order (each "
+                         "state's value is the median of its calls: 3 outvote one slow call)")
     ap.add_argument("--warmup", choices=("full", "small"), default="full",
                     help="untimed warm-up call: same shape as the timed one, or 2 x 16 tokens")
     ap.add_argument("--no-match-scheduler", action="store_true",

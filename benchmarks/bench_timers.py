@@ -191,6 +191,25 @@ def read_worker_steps(worker) -> dict | None:
     return take(getattr(inner, "_bench_step_stats", None))
 
 
+def read_transport(worker) -> dict | None:
+    """Runs in the worker: the shared-memory transport's own counters since the last read
+    (``ShmExporter.stats``: seconds spent copying rows into shared memory inside the
+    forward step, ``write_s``, and waiting for them, ``wait_s``; replies by path) and its
+    pool (segments, MiB). ``None`` where the worker has no exporter (the transport is off,
+    or this rank does not capture). Read-only."""
+    inner = getattr(worker, "worker", worker)
+    exporter = getattr(inner, "_compat_exporter", None)
+    if exporter is None:
+        return None
+    now = dict(exporter.stats)
+    last = getattr(inner, "_bench_transport_last", None) or dict.fromkeys(now, 0)
+    inner._bench_transport_last = now
+    out = {k: now[k] - last.get(k, 0) for k in now}
+    out["segments"] = len(exporter.segments)
+    out["pool_mib"] = sum(seg.size for seg in exporter.segments.values()) / 2**20
+    return out
+
+
 
 def median_breakdown(snaps: list[dict]) -> dict:
     keys = sorted({k for sn in snaps for k in sn["seconds"]})

@@ -147,6 +147,16 @@ def markdown(data: dict) -> str:
           for kind, key in (("wall", "wall"), ("CPU", "cpu"))],
         f"| (d) … the 4 hooks' own CPU time in the worker (thread_time), s | "
         f"{_fmt(agg.get('d_hook_cpu_s'), digits=3)} |",
+        *([f"| (b) transport: the worker's copy of the rows into shared memory, in the step, s | "
+           f"{_fmt(agg['b_transport_write_s'], digits=3)} |",
+           f"| (d) … of the hooks' time: the transport's copy into shared memory, capture on, s | "
+           f"{_fmt(agg.get('d_on_transport_write_s'), digits=3)} |",
+           f"| transport: segments in the worker's pool (max per process) | "
+           f"{_fmt(agg.get('transport_segments'), digits=0)} |"]
+          if agg.get("b_transport_write_s") else []),
+        *([f"| (a) worker step CPU, slowest / fastest of one process's identical calls | "
+           f"{_fmt(agg['a_step_cpu_spread'], digits=2)} |"]
+          if agg.get("a_step_cpu_spread") else []),
         *[f"| CPU time per call, ({lab}), process {proc}, s | {_fmt(agg[k], digits=2)} |"
           for lab, pre in (("a", "a_cpu_s."), ("b", "b_cpu_s."), ("d on", "d_on_cpu_s."),
                            ("d off", "d_off_cpu_s."))
