@@ -970,15 +970,34 @@ LABELS = {"a": "(a) vLLM LLM.generate, max_tokens=1", "c": "(c) native extract_h
           " + ExampleHiddenStatesConnector, files loaded"}
 
 
+def _run_mode(r: dict) -> str:
+    """A child's mode as the report keys it: (b) runs that recorded the driver threads of
+    speculators' copies are told apart by them (``b:0.4.0.1|t8``), so that runs with
+    different ``SPECULATORS_COMPAT_COPY_THREADS`` are never merged."""
+    mode = r.get("mode") or ""
+    if mode.startswith("b:"):
+        threads = {(ps.get("driver") or {}).get("copy_threads") for ps in r.get("passes", [])}
+        threads.discard(None)
+        if len(threads) == 1:
+            return f"{mode}|t{threads.pop()}"
+    return mode
+
+
+def _b_version(mode: str, what: str) -> str:
+    version, _, threads = mode[2:].partition("|")
+    return f"(b) speculators {version} {what}" + (
+        f", {threads[1:]} copy threads" if threads else "")
+
+
 def _label(mode: str) -> str:
     if mode.startswith("b:"):
-        return f"(b) speculators {mode[2:]} generator via shim"
+        return _b_version(mode, "generator via shim")
     return LABELS.get(mode, mode)
 
 
 def _short_label(mode: str) -> str:
     if mode.startswith("b:"):
-        return f"(b) speculators {mode[2:]} via shim"
+        return _b_version(mode, "via shim")
     return {"a": "(a) vLLM LLM.generate", "c": "(c) native extraction + files"}.get(mode, mode)
 
 
@@ -1001,7 +1020,7 @@ def aggregate(docs: list[dict]) -> dict:
     failures = []
     for fi, d in enumerate(docs):
         for r in d.get("runs", []):
-            mode = r.get("mode")
+            mode = _run_mode(r)
             if not r.get("ok") and not r.get("passes"):
                 failures.append({"mode": mode, "round": r.get("round"),
                                  "error": r.get("error"), "file": fi})
@@ -1077,7 +1096,7 @@ def render_markdown(docs: list[dict]) -> str:
     if p.get("tiny") or dev.get("device") != "cuda":
         lines += ["> **Not a reference measurement:** a CPU test run of the script (tiny model); "
                   "do not draw conclusions from these numbers.", ""]
-    modes = sorted({r["mode"] for d in docs for r in d.get("runs", [])},
+    modes = sorted({_run_mode(r) for d in docs for r in d.get("runs", [])},
                    key=lambda m: (m[0], m))
     lines += [
         f"Run {d0.get('started')} ({len(docs)} file(s)): {dev.get('gpu') or dev.get('device')}"
@@ -1193,7 +1212,7 @@ def render_svg(docs: list[dict]) -> str:
     from perfreport import _panel
 
     agg = aggregate(docs)
-    modes = sorted({r["mode"] for d in docs for r in d.get("runs", [])},
+    modes = sorted({_run_mode(r) for d in docs for r in d.get("runs", [])},
                    key=lambda m: (m[0], m))
     sizes = sorted({int(k.split("@")[1]) for k in agg["tokens_per_s"]}, reverse=True)
     colours = {"a": "#4c72b0", "c": "#55a868"}

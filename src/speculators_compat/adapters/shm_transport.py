@@ -22,7 +22,7 @@ Where shared memory cannot be used, the reply carries the states pickled, as bef
 and the driver logs why. vLLM's own callers of ``collective_rpc`` see no change. Where
 vLLM reduced the driver's intra-op threads when its executor started, the rest of a
 ``generate()`` call after the states arrived (speculators' own ``clone()`` of every
-returned tensor) runs with the driver's original thread count, so that those copies are
+returned tensor) runs with up to 8 of the driver's original threads, so that those copies are
 not single-threaded; the model steps before it keep vLLM's count, and the reduced count
 is restored when ``generate()`` returns.
 Applies when: the shim's worker extension captures (``hook_capture`` applies) and the
@@ -53,7 +53,7 @@ RESET_CAPTURE_RPC = "_reset_capture"
 #: Most intra-op threads of the driver while speculators copies the returned states,
 #: where vLLM reduced them to one (0 or 1: leave vLLM's choice).
 COPY_THREADS_ENV = "SPECULATORS_COMPAT_COPY_THREADS"
-DEFAULT_COPY_THREADS = 16
+DEFAULT_COPY_THREADS = 8
 
 
 class ShmTransport(GeneratorAdapter):
@@ -168,11 +168,13 @@ def _raise_copy_threads(executor, importer) -> None:
     """The states have arrived: give the rest of this ``generate()`` call (speculators'
     ``clone()`` of every tensor) the driver's original intra-op threads.
 
-    Why only now: while the model steps run, spinning OpenMP threads in the driver
-    compete with the worker process that launches the GPU kernels (measured on an H200:
-    16 threads for the whole call halved the throughput); after the last step the worker
-    waits for the driver, and the copies (gigabytes per batch at real model sizes, most
-    of it the kernel zeroing first-touched pages) scale with threads."""
+    Why only now: the model steps before it need no driver threads (vLLM reduced them
+    so that they do not compete with the workers); after the last step the workers wait
+    for the driver. How many: the copies are gigabytes per batch at real model sizes, most
+    of it first-touched pages the kernel must fault in, which scales up to a point and
+    then collapses. Measured on the H200 (8B shape, 4 layers, batch 32, 7.5 GB per pass
+    into fresh memory): 4 threads 1.42 s, 8 threads 0.85 s, 16 threads 7.8 s per pass
+    (docs/performance.md). Hence at most ``DEFAULT_COPY_THREADS`` (8)."""
     ref = executor.__dict__.get("_compat_generator")
     generator = ref() if ref is not None else None
     call = None if generator is None else generator.__dict__.get("_compat_copy_call")
