@@ -41,6 +41,18 @@ def config_class() -> type | None:
     return getattr(mod, "PreTrainedConfig", None) or getattr(mod, "PretrainedConfig", None)
 
 
+def config_base(ctx: Context) -> tuple[type | None, Verdict | None]:
+    """transformers' ``PreTrainedConfig``, or the verdict that ends a transformers-5 config
+    probe before it looks further (transformers missing, or no such class). The three
+    ``transformers5_config_*`` adapters start their probes with it."""
+    if ctx.versions.get("transformers") is None:
+        return None, Verdict.not_needed("transformers is not installed")
+    base = config_class()
+    if base is None:
+        return None, Verdict.mismatch(f"{MODULE} has no PreTrainedConfig")
+    return base, None
+
+
 def is_speculators_model(cls: type) -> bool:
     """A pydantic model with a speculators class in its MRO (speculators' configs and
     users' subclasses of them); nothing else is treated differently."""
@@ -71,11 +83,9 @@ class Transformers5ConfigDataclass(Adapter):
     targets = (f"{MODULE}:PreTrainedConfig.__init_subclass__",)
 
     def probe(self, ctx: Context) -> Verdict:
-        if ctx.versions.get("transformers") is None:
-            return Verdict.not_needed("transformers is not installed")
-        base = config_class()
-        if base is None:
-            return Verdict.mismatch(f"{MODULE} has no PreTrainedConfig")
+        base, early = config_base(ctx)
+        if early is not None:
+            return early
         if "__init_subclass__" not in vars(base):
             return Verdict.not_needed("PretrainedConfig has no __init_subclass__ hook")
         if not generates_init(base):

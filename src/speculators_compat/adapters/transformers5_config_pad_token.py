@@ -24,7 +24,7 @@ import inspect
 from .._adapter import Adapter, Context, Phase, Stage, Verdict
 from .._patcher import Patcher
 from ._probes import speculators_class
-from .transformers5_config_dataclass import config_class
+from .transformers5_config_dataclass import config_base
 
 EAGLE = "speculators.models.eagle"
 READ = "transformer_layer_config.pad_token_id"
@@ -46,11 +46,9 @@ class Transformers5ConfigPadToken(Adapter):
     targets = (f"{EAGLE}:EagleSpeculator.__init__",)
 
     def probe(self, ctx: Context) -> Verdict:
-        if ctx.versions.get("transformers") is None:
-            return Verdict.not_needed("transformers is not installed")
-        base = config_class()
-        if base is None:
-            return Verdict.mismatch("transformers has no PreTrainedConfig")
+        base, early = config_base(ctx)
+        if early is not None:
+            return early
         if hasattr(base(), "pad_token_id"):
             return Verdict.not_needed("every PretrainedConfig has pad_token_id")
         cls = eagle_class(ctx)

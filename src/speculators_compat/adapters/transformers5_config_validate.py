@@ -24,7 +24,7 @@ from typing import Any
 from .._adapter import Adapter, Context, Phase, Stage, Verdict
 from .._patcher import Patcher
 from ._probes import speculators_class
-from .transformers5_config_dataclass import config_class
+from .transformers5_config_dataclass import config_base, config_class
 
 SPECULATORS_CONFIG = "speculators.config"
 
@@ -66,11 +66,9 @@ class Transformers5ConfigValidate(Adapter):
     targets = (f"{SPECULATORS_CONFIG}:SpeculatorModelConfig.validate",)
 
     def probe(self, ctx: Context) -> Verdict:
-        if ctx.versions.get("transformers") is None:
-            return Verdict.not_needed("transformers is not installed")
-        base = config_class()
-        if base is None:
-            return Verdict.mismatch("transformers has no PreTrainedConfig")
+        base, early = config_base(ctx)
+        if early is not None:
+            return early
         theirs = vars(base).get("validate")
         if theirs is None or not getattr(theirs, "__is_defined_by_strict_decorator__", False):
             return Verdict.not_needed("PretrainedConfig has no strict-decorator validate()")
