@@ -91,6 +91,11 @@ def parse_junit(path: Path) -> dict:
                     hub.append(tid)
                 break
         outcomes[tid] = outcome
+    return _summary(outcomes, hub)
+
+
+def _summary(outcomes: dict, hub) -> dict:
+    """Counts per outcome, hub failures apart from the others, and every outcome."""
     counts = {k: sum(1 for v in outcomes.values() if v == k)
               for k in ("passed", "failed", "error", "skipped")}
     return {**counts, "hub_failures": sorted(hub),
@@ -108,12 +113,7 @@ def merge_junit(paths: list[Path]) -> dict:
         merged["hub_failures"].update(part["hub_failures"])
     outcomes, hub = merged["outcomes"], merged["hub_failures"]
     hub = {t for t in hub if outcomes.get(t) in ("failed", "error")}
-    counts = {k: sum(1 for v in outcomes.values() if v == k)
-              for k in ("passed", "failed", "error", "skipped")}
-    return {**counts, "hub_failures": sorted(hub),
-            "non_hub_failures": sorted(t for t, v in outcomes.items()
-                                       if v in ("failed", "error") and t not in hub),
-            "outcomes": outcomes}
+    return _summary(outcomes, hub)
 
 
 def verdicts(results: dict) -> dict:
