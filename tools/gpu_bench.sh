@@ -8,6 +8,8 @@
 # e.g. the last carry call:  bash tools/gpu_bench.sh .gpu-kit/parts/kit.part02
 #      a later call, same machine (kit installed, checkpoint cached):
 #                            bash tools/gpu_bench.sh -- --modes c --json-name gpu_bench-c.json
+#      two GPUs, every engine tensor parallel 2 (gpu_bench.py refuses --tp above the GPU count):
+#                            bash tools/gpu_bench.sh -- --tp 2 --modes a,c,b --json-name gpu_bench-tp2.json
 source "$(dirname "$0")/gpu_preamble.sh"
 out=${OUT:-/tmp/gpu-bench-out}
 mkdir -p "$out"
