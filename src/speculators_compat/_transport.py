@@ -26,11 +26,20 @@ the driver copies into memory of its own (so results stay valid whatever happens
 pool). When shared memory cannot be used (no ``memfd_create``, ``/proc/<pid>/fd`` not
 readable, allocation refused), the reply carries the states the old way and the
 driver logs why, once: never a crash, never different data.
+
+Zero copy (``ShmImporter(handoff=True)``, see :mod:`speculators_compat._handoff`):
+speculators' own ``clone()`` of a returned tensor then takes the memory over instead of
+copying it, so its results are views of the leased segment (each with a storage of
+exactly its own bytes) and keep the segment leased while they live. To keep room in the
+pool for the calls that follow, a call's tensors are handed over only while the segments
+that earlier results still hold, plus twice this call's, fit in the pool; otherwise
+speculators' clone copies as before and the call's segments come back when it returns.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import os
 import threading
@@ -39,7 +48,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from . import _speculators
+from . import _handoff, _speculators
 
 logger = logging.getLogger("speculators_compat")
 
@@ -158,7 +167,9 @@ class ShmExporter:
 
     def __init__(self, pool_bytes: int | None = None, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.pool_bytes = pool_bytes or default_pool_bytes()
-        self.chunk_bytes = min(chunk_bytes, self.pool_bytes)
+        # At least eight segments fit the pool: results a user holds keep whole segments
+        # leased (zero copy), and later calls need free ones.
+        self.chunk_bytes = max(min(chunk_bytes, self.pool_bytes // 8), 64 << 10)
         self.segments: dict[int, _Segment] = {}
         self._next_sid = 0
         self._closed: list[int] = []  # segments the driver should unmap
@@ -283,7 +294,7 @@ class ShmExporter:
         """Mark ``used`` segments leased to the driver; the reply that describes them."""
         for sid in used:
             self.segments[sid].leased = True
-        return {MARKER: 1, "pid": os.getpid(), "contract": contract,
+        return {MARKER: 1, "pid": os.getpid(), "contract": contract, "pool": self.pool_bytes,
                 "segments": {sid: (self.segments[sid].fd, self.segments[sid].size)
                              for sid in used},
                 "items": items, "more": more, "whole": whole, "closed": self._take_closed()}
@@ -430,17 +441,26 @@ def is_reply(obj: Any) -> bool:
 
 
 class ShmImporter:
-    """Driver side: maps the worker's segments and rebuilds the contract object."""
+    """Driver side: maps the worker's segments and rebuilds the contract object.
 
-    def __init__(self) -> None:
+    ``handoff``: return :class:`speculators_compat._handoff.HandoffTensor` instances, whose
+    ``clone()`` takes the memory over (zero copy; see the module's "Zero copy")."""
+
+    def __init__(self, handoff: bool = False) -> None:
         self._maps: dict[tuple[int, int], tuple[mmap.mmap, int]] = {}
         self._released: set[int] = set()
+        self._held: dict[int, int] = {}  # leased segments the driver still views: size
         self._lock = threading.Lock()
+        self.handoff = handoff
         self.fallback_reason: str | None = None
         #: Driver-side timers (cumulative): the export RPCs and mapping (``fetch_s``), the
         #: rest of ``generate()`` after the states arrived (``after_fetch_s``: speculators'
-        #: copies), the threads that rest ran with (``copy_threads``; 0: not raised).
-        self.stats = {"fetch_s": 0.0, "after_fetch_s": 0.0, "copy_threads": 0}
+        #: copies), the threads that rest ran with (``copy_threads``; 0: not raised); calls
+        #: whose tensors were handed over (``handed_over``) or, with ``handoff``, copied by
+        #: speculators' clone because earlier results held too much of the pool
+        #: (``clone_copied``).
+        self.stats = {"fetch_s": 0.0, "after_fetch_s": 0.0, "copy_threads": 0,
+                      "handed_over": 0, "clone_copied": 0}
 
     def take_released(self) -> list[int]:
         with self._lock:
@@ -451,6 +471,7 @@ class ShmImporter:
     def _release(self, sid: int) -> None:
         with self._lock:
             self._released.add(sid)
+            self._held.pop(sid, None)
 
     def _map(self, pid: int, sid: int, fd: int, size: int) -> mmap.mmap:
         key = (pid, sid)
@@ -480,11 +501,16 @@ class ShmImporter:
         if reply["whole"]:
             return self._views(reply)
         owned: dict = {}
+        regions: dict = {}
         while True:
-            self._copy_into(reply, owned)
+            self._copy_into(reply, owned, regions)
             if not reply["more"]:
                 break
             reply = call(self.take_released(), True)
+        if self.handoff:  # memory of the driver's own: nothing else will write it
+            owned = {key: {slot: _handoff.hand_over(regions[(key, slot)], t.dtype, t.shape)
+                           for slot, t in slots.items()} for key, slots in owned.items()}
+            self.stats["handed_over"] += 1
         return self._assemble(reply["contract"], owned)
 
     def _arrays(self, reply: dict):
@@ -500,7 +526,7 @@ class ShmImporter:
         return arrays
 
     @staticmethod
-    def _tensor(arrays, sid, off, shape, dtype_name):
+    def _tensor(arrays, sid, off, shape, dtype_name, make=_handoff.plain):
         import torch
 
         dtype = getattr(torch, dtype_name.removeprefix("torch."))
@@ -510,27 +536,55 @@ class ShmImporter:
         for d in shape:
             n *= d
         nbytes = n * torch.empty((), dtype=dtype).element_size()
-        return torch.from_numpy(arrays[sid][off:off + nbytes]).view(dtype).view(shape)
+        return make(arrays[sid][off:off + nbytes], dtype, shape)
+
+    def _hand_over_now(self, reply: dict) -> bool:
+        """Hand this call's segments over? Results then keep whole segments leased, so only
+        where the call's rows fill at least half of its segments (else the results would
+        hold far more memory than they are, and copying them is cheap), and only while
+        what earlier results still hold plus twice this call fits in the pool (room for
+        the next call of this size is left: results a user keeps never push later calls
+        onto the pickled path)."""
+        if not self.handoff:
+            return False
+        import torch
+
+        sizes = {int(sid): int(size) for sid, (_fd, size) in reply["segments"].items()}
+        with self._lock:
+            held_before = sum(v for k, v in self._held.items() if k not in sizes)
+            self._held.update(sizes)
+        rows = 0
+        for _key, _slot, sid, _off, shape, dtype, _start, _total in reply["items"]:
+            if sid is not None:
+                n = torch.empty((), dtype=getattr(torch, dtype.removeprefix("torch.")))
+                rows += n.element_size() * math.prod(shape)
+        call = sum(sizes.values())
+        over = (2 * rows >= call
+                and held_before + 2 * call <= int(reply.get("pool") or 0))
+        self.stats["handed_over" if over else "clone_copied"] += 1
+        return over
 
     def _views(self, reply: dict) -> Any:
         arrays = self._arrays(reply)
+        make = _handoff.hand_over if self._hand_over_now(reply) else _handoff.plain
         for sid, arr in arrays.items():
             weakref.finalize(arr, self._release, sid)
         result: dict = {}
         for key, slot, sid, off, shape, dtype, _start, _total in reply["items"]:
-            result.setdefault(key, {})[slot] = self._tensor(arrays, sid, off, shape, dtype)
+            result.setdefault(key, {})[slot] = self._tensor(arrays, sid, off, shape, dtype,
+                                                            make)
         del arrays
         return self._assemble(reply["contract"], result)
 
-    def _copy_into(self, reply: dict, owned: dict) -> None:
-        import torch
-
+    def _copy_into(self, reply: dict, owned: dict, regions: dict) -> None:
         arrays = self._arrays(reply)
         for key, slot, sid, off, shape, dtype, start, total in reply["items"]:
             part = self._tensor(arrays, sid, off, shape, dtype)
             slots = owned.setdefault(key, {})
             if slot not in slots:
-                slots[slot] = torch.empty((total, *shape[1:]), dtype=part.dtype)
+                full = (total, *shape[1:])
+                region = regions[(key, slot)] = _handoff.owned_empty(full, part.dtype)
+                slots[slot] = _handoff.plain(region, part.dtype, full)
             slots[slot][start:start + shape[0]].copy_(part)
         for sid in arrays:
             self._release(sid)

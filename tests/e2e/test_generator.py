@@ -38,6 +38,7 @@ def _assert_ok(result: dict) -> None:
         assert b["input_order"], b
         assert b["dtypes"] == ["torch.bfloat16"], b
         assert b["compare"]["ok"], b["compare"]
+        assert b["plain_owned"], b  # plain CPU tensors owning exactly their bytes
     assert result["ok"]
     # The comparison can tell: each deliberately wrong result fails it.
     wrong = result["known_wrong"]

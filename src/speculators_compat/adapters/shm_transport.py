@@ -18,6 +18,13 @@ inside the step. CPU builds use this path by default too: measured on the CPU
 benchmark, that copy is 7-9 ms per 37.7 MB call (0.2-0.3 % of the step), copying at
 export would be the same copy on the same core, and the pickled reply costs more copies
 (its RPC took 0.06-0.12 s against 0.01 s).
+speculators then copies every tensor it returns (``clone()``): at real sizes that copy
+was the whole remaining cost (7.5 GB per pass into freshly faulted pages on the H200
+benchmark). Where the installed generator's ``generate()`` clones what it gets (probed in
+its source), the tensors returned are ``HandoffTensor`` instances whose ``clone()`` takes
+the shared memory over instead (a plain tensor with a storage of exactly its bytes; the
+segment stays leased while it lives: see ``speculators_compat._handoff``); set
+``SPECULATORS_COMPAT_ZERO_COPY=0`` to let speculators copy.
 Where shared memory cannot be used, the reply carries the states pickled, as before,
 and the driver logs why. vLLM's own callers of ``collective_rpc`` see no change. Where
 vLLM reduced the driver's intra-op threads when its executor started, the rest of a
@@ -33,6 +40,7 @@ Remove when: speculators < 0.5 support is dropped.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import time
 import weakref
@@ -54,6 +62,8 @@ RESET_CAPTURE_RPC = "_reset_capture"
 #: where vLLM reduced them to one (0 or 1: leave vLLM's choice).
 COPY_THREADS_ENV = "SPECULATORS_COMPAT_COPY_THREADS"
 DEFAULT_COPY_THREADS = 8
+#: ``0``: speculators' clone() copies the returned tensors (no zero-copy handover).
+ZERO_COPY_ENV = "SPECULATORS_COMPAT_ZERO_COPY"
 
 
 class ShmTransport(GeneratorAdapter):
@@ -80,15 +90,19 @@ class ShmTransport(GeneratorAdapter):
         if reason is not None:
             return Verdict.not_needed(f"hidden states travel pickled through collective_rpc: "
                                       f"{reason}")
+        handoff = ("speculators' clone() of each returned tensor takes the memory over "
+                   "(zero copy)" if _zero_copy(gen) else
+                   f"speculators copies each returned tensor ({_zero_copy_off_reason(gen)})")
         return Verdict.needed(f"hidden states travel through shared memory (memfd, pool up to "
                               f"{_transport.default_pool_bytes() >> 20} MiB, "
                               f"{_transport.POOL_BYTES_ENV}), copied in as the layers produce "
                               "them (side stream on CUDA, in the step on CPU builds); not "
-                              "through pickled collective_rpc replies")
+                              f"through pickled collective_rpc replies; {handoff}")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         base = gen.MultiprocExecutor
         waiting = gen.RequestStatus.WAITING
+        handoff = _zero_copy(gen)
 
         def plan_of(executor) -> list[tuple[str, int]]:
             """This call's requests (ids, prompt lengths) in input order: speculators
@@ -103,7 +117,8 @@ class ShmTransport(GeneratorAdapter):
         def importer_of(executor) -> _transport.ShmImporter:
             importer = executor.__dict__.get("_compat_importer")
             if importer is None:
-                importer = executor.__dict__["_compat_importer"] = _transport.ShmImporter()
+                importer = executor.__dict__["_compat_importer"] = _transport.ShmImporter(
+                    handoff=handoff)
             return importer
 
         @functools.wraps(base.collective_rpc)  # later probes read its signature and docstring
@@ -162,6 +177,26 @@ class ShmTransport(GeneratorAdapter):
 
         patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", link)
         patcher.wrap(gen.VllmHiddenStatesGenerator, "generate", _copy_threads)
+
+
+def _zero_copy_off_reason(gen: ModuleType) -> str | None:
+    """Why speculators' ``clone()`` keeps copying (``None``: it takes the memory over)."""
+    if os.environ.get(ZERO_COPY_ENV, "1").strip() == "0":
+        return f"{ZERO_COPY_ENV}=0"
+    try:
+        source = inspect.getsource(inspect.unwrap(gen.VllmHiddenStatesGenerator.generate))
+    except (OSError, TypeError):
+        return "VllmHiddenStatesGenerator.generate has no readable source"
+    if ".clone()" not in source:
+        return "VllmHiddenStatesGenerator.generate does not clone() what it returns"
+    return None
+
+
+def _zero_copy(gen: ModuleType) -> bool:
+    """Hand speculators tensors whose ``clone()`` takes the memory over? Only where the
+    installed ``generate()`` clones every tensor it gets (0.3.x, 0.4.x: ``h.clone().cpu()``):
+    a ``HandoffTensor`` must never reach a user uncloned."""
+    return _zero_copy_off_reason(gen) is None
 
 
 def _raise_copy_threads(executor, importer) -> None:

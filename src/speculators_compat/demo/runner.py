@@ -128,6 +128,17 @@ class _Steps:
         return out
 
 
+def owns_exactly(t) -> bool:
+    """Is ``t`` what speculators' ``clone().cpu()`` returns: a plain CPU ``torch.Tensor``,
+    contiguous, whose storage is exactly its own bytes (so ``torch.save`` of one result
+    writes that result, not a whole shared buffer)?"""
+    import torch
+
+    return (type(t) is torch.Tensor and t.device.type == "cpu" and t.is_contiguous()
+            and t.storage_offset() == 0
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+
+
 def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequence[Sequence[
         Sequence[int]]], activate: bool = True, max_model_len: int = 512,
         generator_kwargs: dict[str, Any] | None = None, log=print,
@@ -192,6 +203,9 @@ def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequ
                 result["extra"] = steps("extra checks", extra_checks, gen, outputs)
             layers = sorted(set(gen.layer_ids))
             result["layer_ids"] = layers
+            importer = getattr(getattr(gen, "executor", None), "__dict__", {}).get(
+                "_compat_importer")  # the shared-memory transport's driver side, if used
+            result["transport"] = None if importer is None else dict(importer.stats)
         finally:
             del gen
         from .reference import compare, reference_hidden_states
@@ -202,12 +216,13 @@ def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequ
                 r["input_ids"].tolist() == list(s)[: max_model_len - 1]
                 for r, s in zip(res, batch))
             info["dtypes"] = sorted({str(h.dtype) for r in res for h in r["hidden_states"]})
+            info["plain_owned"] = all(owns_exactly(h) for r in res for h in r["hidden_states"])
             ref = steps(f"transformers reference for batch {b}", reference_hidden_states,
                         model_path, [list(s)[: max_model_len - 1] for s in batch], layers)
             cmp = steps(f"compare batch {b}", compare, [r["hidden_states"] for r in res], ref,
                         **tol)
             info["compare"] = {k: v for k, v in cmp.items() if k != "per_sequence"}
-            info["ok"] = bool(cmp["ok"] and info["input_order"]
+            info["ok"] = bool(cmp["ok"] and info["input_order"] and info["plain_owned"]
                               and info["returned"] == info["size"])
             info["tokens_per_s"] = info["tokens"] / info["seconds"] if info["seconds"] else None
         if known_wrong and outputs:

@@ -35,6 +35,7 @@ if __name__ == "__main__":
     def checks(gen, outputs):
         importer = gen.executor.__dict__.get("_compat_importer")
         return {"worker_stats": gen.executor.collective_rpc(worker_stats),
+                "driver_stats": None if importer is None else dict(importer.stats),
                 "driver_fallback": None if importer is None else importer.fallback_reason,
                 "has_importer": importer is not None}
 

@@ -1,0 +1,192 @@
+"""Zero copy: speculators' ``clone()`` of a transported tensor takes the memory over
+(``speculators_compat._handoff`` with the transport of ``speculators_compat._transport``).
+
+Worker and driver halves run in one process, as in test_transport.py; speculators' own use
+is reproduced literally (``h.clone().cpu()`` for 0.4.x, ``h[o:o + n].clone().cpu()`` for
+0.3.x). tests/e2e/test_transport.py runs it inside real vLLM workers.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from speculators_compat import _handoff, _transport  # noqa: E402
+from speculators_compat.demo.runner import owns_exactly  # noqa: E402
+
+BF16 = torch.bfloat16
+HIDDEN = 256
+CHUNK = 256 << 10  # segments about the size of a call: the rows fill them
+
+
+def _states(seed=0, lens=(60, 45, 70, 33), n_layers=2):
+    g = torch.Generator().manual_seed(seed)
+    return {f"req_{seed}_{i}": [torch.randn(n, HIDDEN, generator=g).to(BF16)
+                                for _ in range(n_layers)] for i, n in enumerate(lens)}
+
+
+def _fetch(exporter, importer, states, contract=_transport.BY_REQUEST):
+    """One call through the transport (the worker's export of a copy of ``states``)."""
+    copy = ({k: [t.clone() for t in v] for k, v in states.items()}
+            if isinstance(states, dict) else [t.clone() for t in states])
+
+    def call(released, more):
+        exporter.release(released)
+        return exporter.next_piece() if more else exporter.export(copy, contract)
+
+    return importer.fetch(call)
+
+
+def _speculators_04(got):
+    """speculators 0.4.x: ``[h.clone().cpu() for h in states[req_id]]``."""
+    return {rid: [h.clone().cpu() for h in layers] for rid, layers in got.items()}
+
+
+def _pointers(importer) -> list[tuple[int, int]]:
+    """Address ranges of the driver's mappings of the worker's segments."""
+    import numpy as np
+
+    spans = []
+    for mm, size in importer._maps.values():
+        base = np.frombuffer(mm, dtype=np.uint8).ctypes.data
+        spans.append((base, base + size))
+    return spans
+
+
+def _inside(t, spans) -> bool:
+    return any(lo <= t.data_ptr() < hi for lo, hi in spans)
+
+
+def test_clone_takes_the_shared_memory_over_and_results_own_exactly_their_bytes():
+    exporter = _transport.ShmExporter(chunk_bytes=CHUNK)
+    importer = _transport.ShmImporter(handoff=True)
+    states = _states()
+    got = _fetch(exporter, importer, states)
+    assert importer.stats["handed_over"] == 1
+    assert all(type(h) is _handoff.handoff_class() for v in got.values() for h in v)
+    results = _speculators_04(got)
+    spans = _pointers(importer)
+    for rid, layers in results.items():
+        assert len(layers) == len(states[rid])
+        for h, want in zip(layers, states[rid]):
+            assert owns_exactly(h)  # plain tensor, storage = its own bytes
+            assert _inside(h, spans)  # no copy: the leased segment itself
+            assert h.dtype == want.dtype and torch.equal(h, want)
+            buf = io.BytesIO()
+            torch.save(h, buf)  # saves this result, not the whole segment
+            assert len(buf.getvalue()) < h.numel() * h.element_size() + 4096
+
+
+def test_results_keep_their_segment_leased_until_the_last_one_is_gone():
+    exporter = _transport.ShmExporter(chunk_bytes=CHUNK)
+    importer = _transport.ShmImporter(handoff=True)
+    first_states = _states(seed=1)
+    results = _speculators_04(_fetch(exporter, importer, first_states))
+    gc.collect()
+    assert importer.take_released() == []  # speculators' views are gone, results are not
+    leased = {sid for sid, s in exporter.segments.items() if s.leased}
+    assert leased
+    for seed in range(2, 6):  # later calls never write a segment the results hold
+        later = _speculators_04(_fetch(exporter, importer, _states(seed=seed)))
+        exporter.release(importer.take_released())
+        assert all(torch.equal(h, w) for rid in results
+                   for h, w in zip(results[rid], first_states[rid], strict=True))
+        del later
+        gc.collect()
+    exporter.release(importer.take_released())
+    keep = results["req_1_2"][1]
+    del results
+    gc.collect()
+    assert not set(importer.take_released()) & leased  # one result still refers to it
+    assert torch.equal(keep, first_states["req_1_2"][1])
+    del keep
+    gc.collect()
+    assert set(importer.take_released()) >= leased
+
+
+def test_list_contract_slices_clone_to_exact_storages():
+    """speculators 0.3.x slices each layer's lane per sequence, then clones."""
+    exporter = _transport.ShmExporter(chunk_bytes=CHUNK)
+    importer = _transport.ShmImporter(handoff=True)
+    lens = [60, 45, 70, 33]
+    lanes = [torch.randn(sum(lens), HIDDEN).to(BF16) for _ in range(2)]
+    got = _fetch(exporter, importer, lanes, _transport.LIST)
+    assert importer.stats["handed_over"] == 1
+    offset, spans = 0, _pointers(importer)
+    for n in lens:
+        layer_states = [h[offset:offset + n].clone().cpu() for h in got]
+        for h, lane in zip(layer_states, lanes, strict=True):
+            assert owns_exactly(h) and _inside(h, spans)
+            assert torch.equal(h, lane[offset:offset + n])
+        offset += n
+
+
+def test_owns_exactly_fails_a_view_of_the_whole_lane():
+    """Known wrong: handing over a slice that keeps the whole lane as its storage (what
+    ``as_subclass`` of the slice would give) fails the check that results own exactly
+    their bytes."""
+    exporter = _transport.ShmExporter(chunk_bytes=CHUNK)
+    lanes = [torch.randn(208, HIDDEN).to(BF16)]
+    got = _fetch(exporter, _transport.ShmImporter(handoff=True), lanes, _transport.LIST)
+    wrong = got[0][10:50].as_subclass(torch.Tensor)
+    assert torch.equal(wrong, lanes[0][10:50]) and not owns_exactly(wrong)
+    assert not owns_exactly(got[0][10:50])  # the subclass itself is not what users get
+
+
+def test_clone_copies_where_memory_cannot_be_taken_over():
+    importer = _transport.ShmImporter(handoff=True)
+    got = _fetch(_transport.ShmExporter(chunk_bytes=CHUNK), importer, _states())
+    h = next(iter(got.values()))[0]
+    spans = _pointers(importer)
+    for copied in (h.t().clone(), h.clone(memory_format=torch.contiguous_format).t().clone()):
+        assert type(copied) is torch.Tensor and not _inside(copied, spans)
+        assert torch.equal(copied, h.t())
+    took = h.clone(memory_format=torch.contiguous_format)
+    assert type(took) is torch.Tensor and _inside(took, spans)
+
+
+def test_small_rows_in_big_segments_and_a_full_pool_are_copied():
+    # Rows that fill a small part of their segment: results would hold far more memory.
+    exporter = _transport.ShmExporter(chunk_bytes=4 << 20)
+    importer = _transport.ShmImporter(handoff=True)
+    got = _fetch(exporter, importer, _states(lens=(3, 4)))
+    assert importer.stats == {**importer.stats, "handed_over": 0, "clone_copied": 1}
+    assert all(type(h) is torch.Tensor for v in got.values() for h in v)
+    # Earlier results hold most of the pool: this call is copied, the pool keeps room.
+    exporter = _transport.ShmExporter(pool_bytes=8 * CHUNK, chunk_bytes=CHUNK)
+    importer = _transport.ShmImporter(handoff=True)
+    held = []
+    for seed in range(9):  # a call is 1 of the pool's 8 segments
+        held.append(_speculators_04(_fetch(exporter, importer, _states(seed=seed))))
+        exporter.release(importer.take_released())
+        gc.collect()
+    assert (importer.stats["handed_over"], importer.stats["clone_copied"]) == (7, 2)
+    assert exporter.stats["copied"] == 9  # never the pickled path
+    for seed, results in enumerate(held):
+        want = _states(seed=seed)
+        assert all(torch.equal(h, w) for rid in want
+                   for h, w in zip(results[rid], want[rid], strict=True))
+
+
+def test_pieces_are_handed_over_from_the_drivers_own_memory():
+    exporter = _transport.ShmExporter(pool_bytes=1 << 20, chunk_bytes=1 << 20)
+    importer = _transport.ShmImporter(handoff=True)
+    states = _states(lens=(300, 250, 400, 10, 333, 120))  # ~2.9 MB: larger than the pool
+    got = _fetch(exporter, importer, states)
+    assert exporter.stats["pieces"] >= 2 and importer.stats["handed_over"] == 1
+    results = _speculators_04(got)
+    for seg in exporter.segments.values():
+        seg.buf.fill_(0)  # the pool is reused: results are the driver's own memory
+    for rid, layers in results.items():
+        for h, want in zip(layers, states[rid], strict=True):
+            assert owns_exactly(h) and torch.equal(h, want)
+
+
+def test_without_handoff_tensors_are_plain_views():
+    got = _fetch(_transport.ShmExporter(chunk_bytes=CHUNK), _transport.ShmImporter(),
+                 _states())
+    assert all(type(h) is torch.Tensor for v in got.values() for h in v)
