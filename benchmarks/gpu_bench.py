@@ -24,7 +24,8 @@ child compares them (minimum per-token cosine per layer, (b) vs (c) and between 
 (a) and (c) ``LLM(..., tensor_parallel_size=N)``, (b) speculators'
 ``VllmHiddenStatesGenerator(..., tensor_parallel_size=N)`` (both releases take it). Every
 child checks that its engine reports N workers. (c) at N > 1: only TP rank 0's connector
-writes files, and each holds the full rows (the cache-only layer keeps all aux layers at
+writes files (each rank's connector is asked; the child fails unless exactly rank 0
+writes), and each file holds the full rows (the cache-only layer keeps all aux layers at
 the full hidden size on every rank: the residual stream is replicated), so the driver's
 check adds the hidden size to the shape it checks. Results and check files carry the TP
 size; ``render`` keys rows by it (like (b)'s copy threads: ``b:0.4.0.1|t8|tp2``), compares
@@ -198,6 +199,28 @@ def _runner_info(worker) -> dict:
     except Exception as exc:  # noqa: BLE001 - informational
         out["tp_rank"] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+def _connector_info(worker) -> dict:
+    """Runs in each vLLM worker of (c): does this rank's hidden-states connector write files?
+    (vLLM's ``ExampleHiddenStatesConnector`` writes on TP rank 0 only.)"""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    conn = get_kv_transfer_group()
+    writes = getattr(conn, "_is_tp_rank_zero", None)
+    return {"class": type(conn).__name__, "writes": writes, **_runner_info(worker)}
+
+
+def _check_writers(p: dict, ranks) -> None:
+    """(c) at any TP size: exactly one rank writes each request's file (two ranks writing
+    one path would race); where the connector does not say, nothing is checked."""
+    if not isinstance(ranks, list) or any(not isinstance(r, dict) or r.get("writes") is None
+                                          for r in ranks):
+        return
+    writers = [r.get("tp_rank") for r in ranks if r["writes"]]
+    if writers != [0]:
+        raise RuntimeError(f"hidden-states files written by TP ranks {writers} of "
+                           f"{len(ranks)}, expected rank 0 only")
 
 
 def _check_workers(p: dict, workers) -> None:
@@ -641,6 +664,8 @@ def child_c(p: dict) -> None:
     res["startup_s"] = time.perf_counter() - t
     res["workers"] = _try(lambda: llm.collective_rpc(_runner_info))
     _check_workers(p, res["workers"])
+    res["connector_ranks"] = _try(lambda: llm.collective_rpc(_connector_info))
+    _check_writers(p, res["connector_ranks"])
     timers = {"generate_s": 0.0, "load_s": 0.0}
 
     def run(batch):
