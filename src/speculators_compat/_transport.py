@@ -128,11 +128,11 @@ def _unpin(buf) -> None:
 class _Segment:
     """One memfd of the worker's pool, mapped and (on CUDA) pinned."""
 
-    def __init__(self, sid: int, size: int) -> None:
+    def __init__(self, size: int) -> None:
         import torch
 
-        self.sid, self.size = sid, size
-        self.fd = os.memfd_create(f"speculators-compat-{sid}", os.MFD_CLOEXEC)
+        self.sid, self.size = -1, size  # the sid is set when the pool takes it
+        self.fd = os.memfd_create("speculators-compat", os.MFD_CLOEXEC)
         try:
             os.posix_fallocate(self.fd, 0, size)  # ENOSPC now, never SIGBUS later
             self.mm = mmap.mmap(self.fd, size)
@@ -172,6 +172,11 @@ class ShmExporter:
         self.chunk_bytes = max(min(chunk_bytes, self.pool_bytes // 8), 64 << 10)
         self.segments: dict[int, _Segment] = {}
         self._next_sid = 0
+        self._lock = threading.Lock()  # segments and sids: the grower adds segments too
+        self._grower: threading.Thread | None = None
+        #: Bytes per prompt token (all captured layers) of the last streamed call: the
+        #: size of the next call, for :meth:`grow_ahead`.
+        self.token_bytes = 0
         self._closed: list[int] = []  # segments the driver should unmap
         self._queue: deque = deque()
         self._contract = BY_REQUEST
@@ -180,7 +185,8 @@ class ShmExporter:
         #: How replies went: ``streamed`` (rows copied while the model ran), ``copied``
         #: (copied at the end), ``pieces`` (a batch larger than the pool).
         self.stats = {"streamed": 0, "copied": 0, "pieces": 0, "pinned": 0, "unpinned": 0,
-                      "write_s": 0.0, "wait_s": 0.0}
+                      "write_s": 0.0, "wait_s": 0.0, "grown": 0, "grow_s": 0.0,
+                      "grow_wait_s": 0.0}
 
     # -- pool ----------------------------------------------------------------------
     def release(self, sids) -> None:
@@ -189,13 +195,26 @@ class ShmExporter:
             if seg is not None:
                 seg.leased = False
 
+    def _take_free(self, nbytes: int) -> tuple[_Segment, int] | None:
+        with self._lock:
+            for seg in self.segments.values():
+                if not seg.leased and seg.size - seg.used >= nbytes:
+                    off = seg.used
+                    seg.used += nbytes
+                    return seg, off
+        return None
+
     def _alloc(self, nbytes: int) -> tuple[_Segment, int] | None:
         nbytes = (nbytes + 63) // 64 * 64
-        for seg in self.segments.values():
-            if not seg.leased and seg.size - seg.used >= nbytes:
-                off = seg.used
-                seg.used += nbytes
-                return seg, off
+        got = self._take_free(nbytes)
+        if got is None and self._grower is not None:
+            t0 = time.perf_counter()
+            self._grower.join()  # it is allocating what this call needs
+            self._grower = None
+            self.stats["grow_wait_s"] += time.perf_counter() - t0
+            got = self._take_free(nbytes)
+        if got is not None:
+            return got
         total = sum(s.size for s in self.segments.values())
         size = max(self.chunk_bytes, nbytes)
         if total + size > self.pool_bytes:
@@ -208,19 +227,80 @@ class ShmExporter:
                 self._closed.append(sid)
             if total + size > self.pool_bytes:
                 return None
-        seg = _Segment(self._next_sid, size)
-        self.stats["pinned" if seg.pinned else "unpinned"] += 1
-        self._next_sid += 1
-        self.segments[seg.sid] = seg
+        seg = _Segment(size)
+        self._add(seg)
         seg.used = nbytes
         return seg, 0
+
+    def _add(self, seg: _Segment) -> None:
+        with self._lock:
+            seg.sid, self._next_sid = self._next_sid, self._next_sid + 1
+            self.segments[seg.sid] = seg
+            self.stats["pinned" if seg.pinned else "unpinned"] += 1
+
+    def grow_ahead(self, nbytes: int) -> None:
+        """Make sure ``nbytes`` are free in the pool, allocating what is missing on
+        background threads: called when a call starts with this call's size plus the
+        next one's, so that the next call finds its memory ready.
+
+        Why: where results are held (zero copy keeps their segments leased), every call
+        needs fresh segments; allocating them inside the forward (zero-filled by
+        ``posix_fallocate``, then pinned) cost about 0.45 s per GiB on one thread in the
+        worker's step on an H200, more than speculators' copy it replaced. Here it runs
+        beside this call's forward instead (the GPU is busy, the worker's CPU thread
+        mostly waits); a call that needs a segment the grower is still making waits for
+        it rather than allocating twice. Bounded by the pool like any allocation."""
+        if nbytes <= 0 or (self._grower is not None and self._grower.is_alive()):
+            return
+        with self._lock:
+            free = sum(s.size - s.used for s in self.segments.values() if not s.leased)
+            total = sum(s.size for s in self.segments.values())
+        missing = nbytes - free
+        count = min(-(-missing // self.chunk_bytes),
+                    (self.pool_bytes - total) // self.chunk_bytes) if missing > 0 else 0
+        if count <= 0:
+            return
+        device = None
+        try:
+            import torch
+
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                device = torch.cuda.current_device()  # pin for this worker's GPU
+        except Exception:  # noqa: BLE001 - pinning is an optimisation only
+            pass
+        self._grower = threading.Thread(target=self._grow, args=(count, device),
+                                        name="speculators-compat-grow", daemon=True)
+        self._grower.start()
+
+    def _grow(self, count: int, device) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(_):
+            if device is not None:
+                import torch
+
+                torch.cuda.set_device(device)
+            return _Segment(self.chunk_bytes)
+
+        t0 = time.perf_counter()
+        try:
+            with ThreadPoolExecutor(min(count, 4)) as pool:
+                for seg in pool.map(one, range(count)):
+                    self._add(seg)
+                    self.stats["grown"] += 1
+        except (OSError, MemoryError):  # the call allocates (and reports) on its own
+            pass
+        self.stats["grow_s"] += time.perf_counter() - t0
 
     def reset(self) -> None:
         """Forget a failed export (what the driver holds stays leased)."""
         self.new_call()
 
     def close(self) -> None:
-        for seg in self.segments.values():
+        if self._grower is not None:
+            self._grower.join()
+            self._grower = None
+        for seg in list(self.segments.values()):
             seg.close()
         self.segments.clear()
         self._queue.clear()
@@ -240,9 +320,10 @@ class ShmExporter:
         return self.next_piece()
 
     def next_piece(self) -> dict:
-        for seg in self.segments.values():
-            if not seg.leased:
-                seg.used = 0
+        with self._lock:
+            for seg in self.segments.values():
+                if not seg.leased:
+                    seg.used = 0
         out, used, cuda = [], set(), False
         whole = True
         while self._queue:
@@ -254,7 +335,7 @@ class ShmExporter:
                 if out:
                     break
                 # Not even one whole tensor fits in a free pool: write as many rows as fit.
-                free = [s for s in self.segments.values() if not s.leased]
+                free = [s for s in list(self.segments.values()) if not s.leased]
                 best = max(free, key=lambda s: s.size - s.used, default=None)
                 fit = 0 if best is None or not row_bytes else (best.size - best.used) // row_bytes
                 if fit <= 0:
@@ -310,9 +391,10 @@ class ShmExporter:
     def new_call(self) -> None:
         """A ``generate()`` call starts: free segments are empty again."""
         self._queue.clear()
-        for seg in self.segments.values():
-            if not seg.leased:
-                seg.used = 0
+        with self._lock:
+            for seg in self.segments.values():
+                if not seg.leased:
+                    seg.used = 0
 
     def _take_closed(self) -> list[int]:
         closed, self._closed = self._closed, []
@@ -349,6 +431,7 @@ class StreamingSink:
         width = tuple(sample.shape[1:])
         row_bytes = sample[0].numel() * sample.element_size() if sample.shape[0] else 0
         total = sum(n for _, n in self.plan)
+        self.exporter.token_bytes = row_bytes * self.n_layers
 
         def region(key, slot, rows):
             got = self.exporter._alloc(max(rows * row_bytes, 1))

@@ -156,3 +156,36 @@ def test_streaming_sink_refuses_what_was_not_planned():
     for r, v in states.items():
         sink.write(0, [(r, 0, v[0])])
     assert sink.describe(list(reversed(list(states))), dict(plan)) is None  # other order
+
+
+def test_grow_ahead_makes_the_next_calls_memory_in_the_background():
+    chunk = 256 << 10
+    exporter = _transport.ShmExporter(pool_bytes=8 * chunk, chunk_bytes=chunk)
+    exporter.grow_ahead(3 * chunk)
+    exporter._grower.join()
+    assert exporter.stats["grown"] == 3 and len(exporter.segments) == 3
+    assert sorted(exporter.segments) == [0, 1, 2]
+    got = exporter._alloc(chunk - 64)  # a call takes a grown segment, allocates nothing
+    assert got is not None and len(exporter.segments) == 3
+    exporter.grow_ahead(3 * chunk)  # one is in use now: one more is made
+    exporter._grower.join()
+    assert exporter.stats["grown"] == 4
+    exporter.grow_ahead(100 * chunk)  # never past the pool
+    exporter._grower.join()
+    assert sum(s.size for s in exporter.segments.values()) == 8 * chunk
+    # Held segments (leased) are not free: the next call's memory is grown beside them.
+    exporter = _transport.ShmExporter(pool_bytes=8 * chunk, chunk_bytes=chunk)
+    states = _states(n_req=2, hidden=512, lens=[100, 100])  # six 100 KiB tensors
+    call = sum(t.numel() * t.element_size() for v in states.values() for t in v)
+    importer = _transport.ShmImporter()
+    first, _ = _roundtrip(exporter, importer, _clone(states))
+    held = len(exporter.segments)
+    assert held == 3 and all(s.leased for s in exporter.segments.values())
+    exporter.new_call()
+    exporter.grow_ahead(call)
+    exporter._grower.join()
+    assert exporter.stats["grown"] == 3  # beside the held ones
+    second, _ = _roundtrip(exporter, importer, _clone(states))
+    assert len(exporter.segments) == held + 3  # the call allocated nothing itself
+    assert _equal(first, states) and _equal(second, states)
+    exporter.close()
