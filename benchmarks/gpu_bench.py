@@ -348,10 +348,14 @@ def __getattr__(name: str):
 # ------------------------------------------------------------------------------- children
 class _Pass:
     """One timed pass over all sequences in batches of ``size``; results held by the pass
-    (like a user collecting a dataset) and released at its end."""
+    (like a user collecting a dataset) and released at its end. ``keep``: hold only the
+    first ``keep`` calls' results (checksummed and dropped otherwise, like speculators'
+    offline script, which saves each batch; ``--hold call`` keeps 2, for the check that
+    results stay valid after later calls)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, keep: int | None = None) -> None:
         self.size = size
+        self.keep = keep
         self.calls_s: list[float] = []
         self.rss_after_call_kib: list[int] = []
         self.extra: dict = {}
@@ -365,7 +369,8 @@ class _Pass:
             t = time.perf_counter()
             self.checksums.append(_checksum(held_tensors))
             self.consume_s += time.perf_counter() - t
-            self.held.append(held_tensors)
+            if self.keep is None or len(self.held) < self.keep:
+                self.held.append(held_tensors)
         self.rss_after_call_kib.append(_rss_kib().get("vmrss_kib", 0))
 
     def finish(self, tokens: int) -> dict:
@@ -436,6 +441,7 @@ def _load_tokens(p: dict) -> tuple[list[list[int]], list[list[int]]]:
 
 def _child_result_base(p: dict) -> dict:
     return {"mode": p["mode"], "round": p["round"], "tp": p.get("tp", 1),
+            "hold": p.get("hold", "all"),
             "versions": _versions(), "device": _device_info(), "pid": os.getpid(),
             "passes": []}
 
@@ -542,7 +548,7 @@ def child_b(p: dict) -> None:
     tokens = sum(len(s) for s in seqs)
     check = None
     for size in _batch_order(p):
-        ps = _Pass(size)
+        ps = _Pass(size, keep=2 if p.get("hold") == "call" else None)
         driver0 = _driver_stats(gen)
         first: list = []
         for batch in _chunks(seqs, size):
@@ -990,7 +996,7 @@ class Parent:
                     "tokens": toks["tokens"], "tokens_sha": toks["sha"], "seed": a.seed,
                     "tiny": a.tiny, "v2": a.v2, "c_chunked_prefill": a.c_chunked_prefill,
                     "c_layer_offset": a.c_layer_offset, "gpu_mem": a.gpu_mem,
-                    "tp": a.tp, "specs": dict(a.spec)})
+                    "tp": a.tp, "hold": a.hold, "specs": dict(a.spec)})
         self.save()
         print(f"{toks['tokens']} tokens in {cfg['num_seqs']} sequences; modes {modes}; "
               f"batches {sizes}; layers {cfg['layers']}; tensor parallel {a.tp}", flush=True)
@@ -1006,7 +1012,8 @@ class Parent:
                 "work": str(self.work), "gpu_mem": a.gpu_mem,
                 "c_storage": a.c_storage or str(self.work / "c-store"),
                 "c_chunked_prefill": a.c_chunked_prefill, "c_layer_offset": a.c_layer_offset,
-                "tp": a.tp, "hidden_size": (build.get("config") or {}).get("hidden_size")}
+                "tp": a.tp, "hidden_size": (build.get("config") or {}).get("hidden_size"),
+                "hold": a.hold}
         checks = any(m.startswith(("b:", "c")) for m in modes)
         reserve = a.reserve_compare if checks else 0.0
         for r in range(a.rounds):
@@ -1083,8 +1090,21 @@ def _run_mode(r: dict) -> str:
         threads.discard(None)
         if len(threads) == 1:
             mode = f"{mode}|t{threads.pop()}"
+        if _zero_copy(r):
+            mode = f"{mode}|zc"
+        if r.get("hold") == "call":
+            mode = f"{mode}|hc"
     tp = r.get("tp") or 1
     return f"{mode}|tp{tp}" if tp != 1 and mode else mode
+
+
+def _zero_copy(r: dict) -> bool:
+    """Did this (b) run's shim hand speculators' clone() the memory (zero copy)? From its
+    activation report (runs before zero copy existed: no)."""
+    adapters = ((r.get("report") or {}).get("adapters") or []) if isinstance(
+        r.get("report"), dict) else []
+    return any(a.get("name") == "shm_transport" and "takes the memory over" in str(
+        a.get("reason")) for a in adapters if isinstance(a, dict))
 
 
 def _mode_parts(key: str) -> tuple[str, str, int]:
@@ -1117,8 +1137,11 @@ def _tp_suffix(key: str) -> str:
 
 def _b_version(mode: str, what: str) -> str:
     base, threads, _ = _mode_parts(mode)
-    return f"(b) speculators {base[2:]} {what}" + (
-        f", {threads} copy threads" if threads else "")
+    tags = mode.split("|")[1:]
+    return (f"(b) speculators {base[2:]} {what}"
+            + (", zero copy" if "zc" in tags else "")
+            + (f", {threads} copy threads" if threads and "zc" not in tags else "")
+            + (", results dropped per call" if "hc" in tags else ""))
 
 
 def _label(mode: str) -> str:
@@ -1438,6 +1461,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--site", default=None, help="folder with vLLM and its dependencies")
     p.add_argument("--modes", default="a,b,c", help="a, b (every --spec), b:<version>, c")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--hold", default="all", choices=["all", "call"],
+                   help="(b): hold every result of a pass (all), or drop each call's after "
+                        "its checksum, like speculators' offline script (call)")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor_parallel_size of every mode's engine (needs that many GPUs)")
     p.add_argument("--tiny", action="store_true", help="tiny Llama, few sequences (CPU test)")
