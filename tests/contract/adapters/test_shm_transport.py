@@ -59,3 +59,27 @@ def legacy_call_shape(base, gen, cfg, adapter):
             assert returns_single_result(gen.MultiprocExecutor) is single
             assert gen.VllmHiddenStatesGenerator.__init__ is not init
     assert gen.VllmHiddenStatesGenerator.__init__ is init
+
+
+def test_zero_copy_follows_speculators_own_clone(base, monkeypatch):
+    """Zero copy is on exactly where the installed ``generate()`` clones what it gets (the
+    call ``HandoffTensor.clone`` answers), and off with the variable or without a clone."""
+    import types
+
+    from speculators_compat.adapters import shm_transport
+
+    monkeypatch.delenv(shm_transport.ZERO_COPY_ENV, raising=False)
+    src = inspect.getsource(base.gen.VllmHiddenStatesGenerator.generate)
+    assert ".clone().cpu()" in src  # 0.3.x: h[o:o + n].clone().cpu(); 0.4.x: h.clone().cpu()
+    assert shm_transport._zero_copy_off_reason(base.gen) is None
+    monkeypatch.setenv(shm_transport.ZERO_COPY_ENV, "0")
+    assert shm_transport._zero_copy_off_reason(base.gen) == "SPECULATORS_COMPAT_ZERO_COPY=0"
+    monkeypatch.delenv(shm_transport.ZERO_COPY_ENV)
+
+    class NoClone:  # known wrong: a generate() that would hand the tensors out uncloned
+        def generate(self, states):
+            return [h.cpu() for h in states]
+
+    reason = shm_transport._zero_copy_off_reason(types.SimpleNamespace(
+        VllmHiddenStatesGenerator=NoClone))
+    assert reason is not None and "does not clone" in reason
