@@ -30,6 +30,7 @@ storage is not resizable (``resize_`` raises), and a result's memory is shared m
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
@@ -103,13 +104,18 @@ def plain(region, dtype, shape):
     return torch.from_numpy(region).view(dtype).view(shape)
 
 
+def nbytes(shape, dtype) -> int:
+    """Bytes of a contiguous tensor of ``shape`` and ``dtype`` (a torch dtype or its name)."""
+    import torch
+
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."))
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
 def owned_empty(shape, dtype):
     """Driver-owned memory for a tensor, as a uint8 array (then :func:`hand_over` /
     :func:`plain`)."""
     import numpy as np
-    import torch
 
-    n = 1
-    for d in shape:
-        n *= d
-    return np.empty(n * torch.empty((), dtype=dtype).element_size(), dtype=np.uint8)
+    return np.empty(nbytes(shape, dtype), dtype=np.uint8)

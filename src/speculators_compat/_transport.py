@@ -40,7 +40,6 @@ call's segments come back when it returns.
 from __future__ import annotations
 
 import logging
-import math
 import mmap
 import os
 import threading
@@ -616,11 +615,7 @@ class ShmImporter:
         dtype = getattr(torch, dtype_name.removeprefix("torch."))
         if sid is None:
             return torch.empty(shape, dtype=dtype)
-        n = 1
-        for d in shape:
-            n *= d
-        nbytes = n * torch.empty((), dtype=dtype).element_size()
-        return make(arrays[sid][off:off + nbytes], dtype, shape)
+        return make(arrays[sid][off:off + _handoff.nbytes(shape, dtype)], dtype, shape)
 
     def _hand_over_now(self, reply: dict) -> bool:
         """Hand this call's segments over? Results then keep whole segments leased, so
@@ -639,17 +634,12 @@ class ShmImporter:
           next call of this size)."""
         if not self.handoff:
             return False
-        import torch
-
         sizes = {int(sid): int(size) for sid, (_fd, size) in reply["segments"].items()}
         with self._lock:
             held_before = sum(v for k, v in self._held.items() if k not in sizes)
             self._held.update(sizes)
-        rows = 0
-        for _key, _slot, sid, _off, shape, dtype, _start, _total in reply["items"]:
-            if sid is not None:
-                n = torch.empty((), dtype=getattr(torch, dtype.removeprefix("torch.")))
-                rows += n.element_size() * math.prod(shape)
+        rows = sum(_handoff.nbytes(shape, dtype) for _key, _slot, sid, _off, shape, dtype, _s,
+                   _t in reply["items"] if sid is not None)
         call = sum(sizes.values())
         over = (2 * rows >= call and 2 * held_before <= 3 * call
                 and held_before + 2 * call <= int(reply.get("pool") or 0))
