@@ -189,3 +189,26 @@ def test_grow_ahead_makes_the_next_calls_memory_in_the_background():
     assert len(exporter.segments) == held + 3  # the call allocated nothing itself
     assert _equal(first, states) and _equal(second, states)
     exporter.close()
+
+
+def test_a_failing_grower_leaves_the_call_to_allocate(monkeypatch):
+    """Growing ahead is an optimisation: an error there (CUDA, memory) must neither escape
+    its thread nor stop the call, which then allocates on its own."""
+    import threading
+
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", escaped.append)
+    exporter = _transport.ShmExporter(pool_bytes=8 << 20, chunk_bytes=1 << 20)
+    real = _transport._Segment
+
+    def failing(size):
+        raise RuntimeError("CUDA error: out of memory (pinning)")
+
+    monkeypatch.setattr(_transport, "_Segment", failing)
+    exporter.grow_ahead(2 << 20)
+    exporter._grower.join()
+    monkeypatch.setattr(_transport, "_Segment", real)
+    assert escaped == [] and exporter.stats["grown"] == 0 and not exporter.segments
+    got = exporter._alloc(1000)
+    assert got is not None and len(exporter.segments) == 1
+    exporter.close()
