@@ -68,10 +68,13 @@ def test_workers_are_asked_which_extension_they_run(errors):
     assert after["worker_extension_cls"].startswith("speculators_compat.worker_extension."), after
 
 
-def test_failed_model_step_leaks_nothing_into_the_next_call(errors):
+@pytest.mark.parametrize("section", ["failed_step", "failed_second_step"])
+def test_failed_model_step_leaks_nothing_into_the_next_call(errors, section):
     """A 40-sequence call whose first model step raises leaves 8 requests waiting; the
-    next call must not run them as its own (0.3: every row wrong; 0.4: KeyError)."""
-    info = _section(errors, "failed_step")
+    next call must not run them as its own (0.3: every row wrong; 0.4: KeyError). With
+    the second step raising, the first step's rows are already in shared memory: none
+    of them may reach the next call, whose results speculators' clone() took over."""
+    info = _section(errors, section)
     assert info["failed"]["raised"] == "RuntimeError", info["failed"]
     assert "injected failure" in info["failed"]["message"], info["failed"]
     empty = {"requests": 0, "running": 0, "waiting": 0, "deferred": 0}
@@ -81,7 +84,10 @@ def test_failed_model_step_leaks_nothing_into_the_next_call(errors):
     assert nxt["returned"] == nxt["expected"] == 12, nxt
     assert nxt["input_order"], nxt
     assert nxt["compare_ok"], nxt
+    assert nxt["plain_owned"], nxt
     assert info["scheduler_after_next_call"] == empty, info
+    # speculators' clone() took that call's shared memory over (zero copy)
+    assert info["next_call_handed_over"] == 1, info
 
 
 def test_interrupt_issues_no_rpc_and_makes_the_generator_unusable(errors):

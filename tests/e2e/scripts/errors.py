@@ -5,6 +5,7 @@ Usage: errors.py --out FILE --model PATH
 One generator, in this order: bad input (refused before anything runs); a good batch
 after those; a 40-sequence call whose first model step raises (injected on the
 generator's executor instance), then a 12-sequence call checked against transformers;
+the same with the second step raising (rows of the first already in shared memory);
 a call interrupted by KeyboardInterrupt (no RPC, generator unusable afterwards);
 deactivate() and a new activate() while the generator is alive (refused).
 """
@@ -44,6 +45,10 @@ if __name__ == "__main__":
     p.add_argument("--model", required=True)
     a = p.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # A small transport pool (workers inherit it): segments of 128 KiB that these calls'
+    # rows fill, so speculators' clone() takes the shared memory over (zero copy) here,
+    # and the failure paths below run with it.
+    os.environ.setdefault("SPECULATORS_COMPAT_TRANSPORT_BYTES", str(1 << 20))
     import speculators_compat
 
     speculators_compat.activate()
@@ -52,7 +57,7 @@ if __name__ == "__main__":
     )
 
     from speculators_compat.demo.reference import compare, reference_hidden_states
-    from speculators_compat.demo.runner import make_sequences
+    from speculators_compat.demo.runner import make_sequences, owns_exactly
 
     LAYERS = [0, 2, 5]
     out = {}
@@ -77,6 +82,7 @@ if __name__ == "__main__":
                 "input_order": len(res) == len(seqs) and all(
                     r["input_ids"].tolist() == list(s) for r, s in zip(res, seqs)),
                 "rows": [r["hidden_states"][0].shape[0] for r in res],
+                "plain_owned": all(owns_exactly(h) for r in res for h in r["hidden_states"]),
                 "compare_ok": cmp["ok"], "min_cosine": cmp["min_cosine"],
                 "reasons": cmp["reasons"][:5]}
 
@@ -100,25 +106,30 @@ if __name__ == "__main__":
 
     section(out, "workers_asked", workers_asked)
 
-    def failed_step_then_next_call():
-        # The first model step of a 40-sequence call (32 scheduled, 8 waiting) raises.
+    def transport_stats():
+        importer = gen.executor.__dict__.get("_compat_importer")
+        return None if importer is None else dict(importer.stats)
+
+    def failed_step_then_next_call(step=1, seed=11, next_len=(5, 40)):
+        # Model step ``step`` of a 40-sequence call (32 scheduled, 8 waiting) raises.
         ex = gen.executor
         calls = []
 
         def execute_model(*args, **kwargs):
             calls.append(1)
-            if len(calls) == 1:
-                raise RuntimeError("injected failure in the first model step")
+            if len(calls) == step:
+                raise RuntimeError(f"injected failure in model step {step}")
             return type(ex).execute_model(ex, *args, **kwargs)
 
         ex.execute_model = execute_model
         try:
-            failed = attempt(lambda: gen.generate(make_sequences(40, seed=11, min_len=5,
+            failed = attempt(lambda: gen.generate(make_sequences(40, seed=seed, min_len=5,
                                                                  max_len=40)))
         finally:
             del ex.execute_model
         info = {"failed": failed, "scheduler_after_failure": scheduler_state(gen)}
-        seqs = make_sequences(12, seed=12, min_len=5, max_len=40)
+        seqs = make_sequences(12, seed=seed + 1, min_len=next_len[0], max_len=next_len[1])
+        before = transport_stats() or {}
         try:
             res = gen.generate(seqs)
         except Exception as exc:  # noqa: BLE001 - today's main: KeyError 'req_0_32' (0.4)
@@ -126,9 +137,14 @@ if __name__ == "__main__":
             return info
         info["next_call"] = checked(seqs, res)
         info["scheduler_after_next_call"] = scheduler_state(gen)
+        after = transport_stats() or {}
+        info["next_call_handed_over"] = after.get("handed_over", 0) - before.get(
+            "handed_over", 0)
         return info
 
     section(out, "failed_step", failed_step_then_next_call)
+    section(out, "failed_second_step",
+            lambda: failed_step_then_next_call(step=2, seed=21, next_len=(20, 40)))
 
     def interrupted():
         # Ctrl+C in the middle of a call: no RPC afterwards, prompt, generator unusable.
