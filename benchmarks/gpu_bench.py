@@ -569,13 +569,18 @@ def child_b(p: dict) -> None:
         if driver0 is not None and driver1 is not None:
             # This pass's driver-side share: the export RPCs, and speculators' copies after
             # the states arrived (with the threads they ran with).
-            ps.extra["driver"] = {k: (driver1[k] - driver0[k] if k.endswith("_s")
-                                      else driver1[k]) for k in driver1}
+            ps.extra["driver"] = {k: (driver1[k] - (driver0.get(k) or 0)
+                                      if k.endswith("_s") or k in COUNTED else driver1[k])
+                                  for k in driver1}
         del first
         res["passes"].append(ps.finish(tokens))
         _emit(p, res)
     res["ok"] = True
     _emit(p, res)
+
+
+#: Driver transport counters that count calls or bytes (reported per pass, as differences).
+COUNTED = ("handed_over", "copied_ahead", "clone_copied", "fresh_bytes")
 
 
 def _driver_stats(gen) -> dict | None:
@@ -1092,6 +1097,8 @@ def _run_mode(r: dict) -> str:
             mode = f"{mode}|t{threads.pop()}"
         if _zero_copy(r):
             mode = f"{mode}|zc"
+            if any("copied_ahead" in (ps.get("driver") or {}) for ps in r.get("passes", [])):
+                mode = f"{mode}|ca"  # held calls copied into memory made during the forward
         if r.get("hold") == "call":
             mode = f"{mode}|hc"
     tp = r.get("tp") or 1
@@ -1140,6 +1147,7 @@ def _b_version(mode: str, what: str) -> str:
     tags = mode.split("|")[1:]
     return (f"(b) speculators {base[2:]} {what}"
             + (", zero copy" if "zc" in tags else "")
+            + (" or copies into memory made ahead" if "ca" in tags else "")
             + (f", {threads} copy threads" if threads and "zc" not in tags else "")
             + (", results dropped per call" if "hc" in tags else ""))
 
@@ -1240,6 +1248,35 @@ def _fmt_stats(st: dict | None, digits: int = 0) -> str:
             f"| {st['n']}")
 
 
+def _transport_table(docs: list[dict]) -> list[str]:
+    """What the driver's transport did in each (b) pass that reports it: calls whose
+    segments speculators' clone took over, calls copied into driver memory (and that
+    copy's time), memory made ahead during the forward (and the time a copy waited for
+    it)."""
+    rows = []
+    for fi, d in enumerate(docs):
+        for r in d.get("runs", []):
+            for ps in r.get("passes", []):
+                drv = ps.get("driver") or {}
+                if "copied_ahead" not in drv:
+                    continue
+                huge = drv.get("fresh_hugepages")
+                rows.append(f"| {fi + 1} | {_label(_run_mode(r))} | {ps['batch']} | "
+                            f"{drv.get('handed_over', 0)} | {drv.get('copied_ahead', 0)} | "
+                            f"{drv.get('copy_s', 0):.2f} | "
+                            f"{drv.get('fresh_bytes', 0) / 2**30:.2f} | "
+                            f"{drv.get('fresh_wait_s', 0):.2f} | "
+                            f"{'' if huge is None else ('yes' if huge else 'no')} |")
+    if not rows:
+        return []
+    return ["", "Driver transport per (b) pass (file, path, batch; calls handed over = "
+            "speculators' clone took the shared memory over; calls copied = copied by the "
+            "transport into driver memory, which clone then took over):", "",
+            "| file | path | batch | calls handed over | calls copied | copy s | memory "
+            "made ahead, GiB | waited for it, s | huge pages |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---|", *rows]
+
+
 def render_markdown(docs: list[dict]) -> str:
     agg = aggregate(docs)
     d0 = docs[0]
@@ -1309,6 +1346,7 @@ def render_markdown(docs: list[dict]) -> str:
                          f"{med('load_s')} | {after} | {med('consume_s')} | "
                          f"{'' if not held else ('yes' if held['min'] == 1.0 else 'NO')} | "
                          f"{med('rss_growth_mib', 0)} |")
+    lines += _transport_table(docs)
     lines += ["", "| path | driver peak RSS, GiB (median, min – max, n) |", "|---|---|"]
     for m in modes:
         st = (agg["rss"].get(m) or {}).get("peak_gib")

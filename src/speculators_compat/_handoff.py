@@ -4,7 +4,8 @@ Why: speculators 0.3.x / 0.4.x copy every captured tensor they return
 (``h.clone().cpu()``, or ``h[offset:offset + n].clone().cpu()`` in 0.3.x) so that their
 results do not alias the worker's buffers. Through the shared-memory transport those
 tensors already are views of memory that nobody else will write while anything refers to
-it (a leased segment, or memory the driver copied into for a batch larger than the pool).
+it (a leased segment, or memory the driver copied a call into: a batch larger than the
+pool, or a call made while earlier results hold the pool).
 At real sizes that copy is the whole remaining cost of the transport: on an H200 with an
 8B-shaped model, 7.5 GB per pass of 229k tokens with four layers, written into freshly
 faulted pages (0.85 s per pass on 8 threads, 1.4 s on 4), while the model steps themselves
@@ -25,7 +26,8 @@ speculators' own code holds them, for the length of one ``generate()`` call.
 
 Visible differences from a copied clone, both harmless for speculators' pipeline: the
 storage is not resizable (``resize_`` raises), and a result's memory is shared memory
-(it counts as ``Shmem`` / ``RssShmem``, not anonymous memory).
+where a segment was handed over (it counts as ``Shmem`` / ``RssShmem``, not anonymous
+memory).
 """
 
 from __future__ import annotations

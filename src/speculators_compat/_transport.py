@@ -33,8 +33,10 @@ copying it, so its results are views of the leased segment (each with a storage 
 exactly its own bytes) and keep the segment leased while they live. A call is handed
 over only where its segments will come back for later calls (``_hand_over_now``: the
 rows fill them, and earlier results hold no more than about one call's worth, as in
-speculators' offline script); otherwise speculators' clone copies as before and the
-call's segments come back when it returns.
+speculators' offline script); otherwise the driver copies the call into memory of its
+own on several threads (``_copy_ahead``), memory made while the model ran
+(:mod:`speculators_compat._fresh`, started by :meth:`ShmImporter.prepare_call`), and the
+call's segments come back at once.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from . import _handoff, _speculators
+from . import _fresh, _handoff, _speculators
 
 logger = logging.getLogger("speculators_compat")
 
@@ -514,6 +516,26 @@ class StreamingSink:
         return self.exporter.lease_reply(self.used, items, self.contract)
 
 
+def _rows_bytes(reply: dict) -> int:
+    """Bytes of the rows a reply describes."""
+    return sum(_handoff.nbytes(shape, dtype) for _key, _slot, sid, _off, shape, dtype, _s, _t
+               in reply["items"] if sid is not None)
+
+
+def _segments_come_back(held: int, call: int, pool: int) -> bool:
+    """Will a call's segments (``call`` bytes) come back if its results keep them leased,
+    given ``held`` bytes of segments earlier results still lease and the ``pool`` size?
+
+    Only where earlier results hold at most about one call's worth (``1.5 x``): the
+    pattern of speculators' offline script, which saves each batch and drops it when the
+    next call returns, so the pool settles at a few calls' worth and is reused; and where
+    what they hold plus twice this call fits in the pool (room for the next call). A
+    caller that keeps every result would otherwise make each call need fresh segments,
+    made and pinned in the worker beside the forward: on the H200 that slowed every call
+    more than a copy costs (batch 32, results held: 0.78x of vLLM's prefill)."""
+    return 2 * held <= 3 * call and held + 2 * call <= pool
+
+
 def rpc_reply(states: Any, reason: str) -> dict:
     """A transport reply that carries the states the old way (pickled by vLLM)."""
     return {MARKER: 1, "fallback": reason, "states": states}
@@ -529,21 +551,46 @@ class ShmImporter:
     ``handoff``: return :class:`speculators_compat._handoff.HandoffTensor` instances, whose
     ``clone()`` takes the memory over (zero copy; see the module's "Zero copy")."""
 
-    def __init__(self, handoff: bool = False) -> None:
+    def __init__(self, handoff: bool = False, copy_threads: int | None = None) -> None:
         self._maps: dict[tuple[int, int], tuple[mmap.mmap, int]] = {}
         self._released: set[int] = set()
         self._held: dict[int, int] = {}  # leased segments the driver still views: size
         self._lock = threading.Lock()
         self.handoff = handoff
         self.fallback_reason: str | None = None
+        #: Threads of the transport's own copies into driver memory (``copy_ahead``).
+        self.copy_threads = max(1, copy_threads or min(8, os.cpu_count() or 1))
+        self._copier = None
+        #: Bytes per prompt token of the last call (all captured layers), its pool size and
+        #: this call's prompt tokens (:meth:`prepare_call`): the size of the next call.
+        self._token_bytes = 0
+        self._pool = 0
+        self._call_tokens = 0
         #: Driver-side timers (cumulative): the export RPCs and mapping (``fetch_s``), the
         #: rest of ``generate()`` after the states arrived (``after_fetch_s``: speculators'
-        #: copies), the threads that rest ran with (``copy_threads``; 0: not raised); calls
-        #: whose tensors were handed over (``handed_over``) or, with ``handoff``, copied by
-        #: speculators' clone because earlier results held too much of the pool
-        #: (``clone_copied``).
+        #: copies where it still copies), the threads that rest ran with (``copy_threads``;
+        #: 0: not raised). With ``handoff``: calls whose segments speculators' clone took
+        #: over (``handed_over``), calls the transport copied into the driver's own memory
+        #: instead (``copied_ahead``: earlier results held too much of the pool, or a batch
+        #: larger than it; speculators' clone then takes that memory over) and the time of
+        #: those copies (``copy_s``); ``fresh_*``: the memory made ready for them while the
+        #: model ran (:mod:`speculators_compat._fresh`).
         self.stats = {"fetch_s": 0.0, "after_fetch_s": 0.0, "copy_threads": 0,
-                      "handed_over": 0, "clone_copied": 0}
+                      "handed_over": 0, "copied_ahead": 0, "copy_s": 0.0}
+        self._fresh = _fresh.FreshMemory(stats=self.stats) if handoff else None
+
+    def prepare_call(self, tokens: int) -> None:
+        """A call with ``tokens`` prompt tokens starts. Where its states will be copied
+        into driver memory (earlier results hold the pool), have that memory made while
+        the model runs (:mod:`speculators_compat._fresh`)."""
+        self._call_tokens = max(int(tokens), 0)
+        if self._fresh is None or not self._token_bytes or not self._call_tokens:
+            return
+        size = self._call_tokens * self._token_bytes
+        with self._lock:
+            held = sum(self._held.values())
+        if not _segments_come_back(held, size, self._pool):
+            self._fresh.prepare(size + (64 << 10))  # + room for each piece's alignment
 
     def take_released(self) -> list[int]:
         with self._lock:
@@ -581,20 +628,32 @@ class ShmImporter:
                 logger.warning("speculators-compat: hidden states travel pickled through "
                                "collective_rpc (slower): %s", reply["fallback"])
             return reply["states"]
+        self._pool = int(reply.get("pool") or 0)
         if reply["whole"]:
+            self._learn(_rows_bytes(reply))
             return self._views(reply)
         owned: dict = {}
         regions: dict = {}
+        total = 0
+        t0 = time.perf_counter()
         while True:
+            total += _rows_bytes(reply)
             self._copy_into(reply, owned, regions)
             if not reply["more"]:
                 break
             reply = call(self.take_released(), True)
+        self._learn(total)
         if self.handoff:  # memory of the driver's own: nothing else will write it
             owned = {key: {slot: _handoff.hand_over(regions[(key, slot)], t.dtype, t.shape)
                            for slot, t in slots.items()} for key, slots in owned.items()}
-            self.stats["handed_over"] += 1
+            self.stats["copied_ahead"] += 1
+            self.stats["copy_s"] += time.perf_counter() - t0
         return self._assemble(reply["contract"], owned)
+
+    def _learn(self, rows_bytes: int) -> None:
+        if self._call_tokens and rows_bytes:
+            self._token_bytes = -(-rows_bytes // self._call_tokens)
+        self._call_tokens = 0
 
     def _arrays(self, reply: dict):
         import numpy as np
@@ -619,36 +678,30 @@ class ShmImporter:
 
     def _hand_over_now(self, reply: dict) -> bool:
         """Hand this call's segments over? Results then keep whole segments leased, so
-        only where the segments will come back for later calls:
-
-        - the call's rows fill at least half of its segments (else results would hold far
-          more memory than they are, and copying them is cheap);
-        - results of earlier calls hold at most about one call's worth (``1.5 x`` this
-          call's segments): the pattern of speculators' offline script, which saves each
-          batch and drops it when the next call returns, so the pool settles at a few
-          calls' worth and is reused. A caller that keeps every result instead would make
-          each call need fresh segments, made and pinned in the worker beside the
-          forward: on the H200 that slowed every call more than the copy it saves
-          (batch 32, results held: 0.78x of vLLM's prefill with zero copy, 0.83x copying);
-        - what earlier results hold plus twice this call fits in the pool (room for the
-          next call of this size)."""
+        only where the segments will come back for later calls: the call's rows fill at
+        least half of its segments (else results would hold far more memory than they
+        are), and :func:`_segments_come_back`. Otherwise the transport copies the call
+        into driver memory (:meth:`_copy_ahead`) and the segments come back at once."""
         if not self.handoff:
             return False
         sizes = {int(sid): int(size) for sid, (_fd, size) in reply["segments"].items()}
         with self._lock:
             held_before = sum(v for k, v in self._held.items() if k not in sizes)
-            self._held.update(sizes)
-        rows = sum(_handoff.nbytes(shape, dtype) for _key, _slot, sid, _off, shape, dtype, _s,
-                   _t in reply["items"] if sid is not None)
         call = sum(sizes.values())
-        over = (2 * rows >= call and 2 * held_before <= 3 * call
-                and held_before + 2 * call <= int(reply.get("pool") or 0))
-        self.stats["handed_over" if over else "clone_copied"] += 1
+        over = 2 * _rows_bytes(reply) >= call and _segments_come_back(
+            held_before, call, int(reply.get("pool") or 0))
+        if over:
+            with self._lock:
+                self._held.update(sizes)
         return over
 
     def _views(self, reply: dict) -> Any:
         arrays = self._arrays(reply)
-        make = _handoff.hand_over if self._hand_over_now(reply) else _handoff.plain
+        if self.handoff and not self._hand_over_now(reply):
+            return self._copy_ahead(reply, arrays)
+        if self.handoff:
+            self.stats["handed_over"] += 1
+        make = _handoff.hand_over if self.handoff else _handoff.plain
         for sid, arr in arrays.items():
             weakref.finalize(arr, self._release, sid)
         result: dict = {}
@@ -658,6 +711,58 @@ class ShmImporter:
         del arrays
         return self._assemble(reply["contract"], result)
 
+    def _copy_ahead(self, reply: dict, arrays: dict) -> Any:
+        """Copy a call into driver memory on :attr:`copy_threads` threads, release its
+        segments at once, and hand speculators that memory (its clone takes it over).
+
+        Why: where earlier results hold the pool, handing this call's segments over
+        would make the worker make and pin fresh ones beside every forward (on the H200
+        that slowed each call more than a copy costs); speculators' own clone would copy
+        on the driver's intra-op threads into pages first touched by the copy. Here the
+        pages were made while the model ran (:meth:`prepare_call`), so this is the copy
+        alone."""
+        import torch
+
+        t0 = time.perf_counter()
+        pairs, result = [], {}
+        for key, slot, sid, off, shape, dtype_name, _start, _total in reply["items"]:
+            dtype = getattr(torch, dtype_name.removeprefix("torch."))
+            if sid is None:
+                result.setdefault(key, {})[slot] = torch.empty(shape, dtype=dtype)
+                continue
+            size = _handoff.nbytes(shape, dtype)
+            dst = self._fresh.take(size) if self._fresh is not None else None
+            if dst is None:
+                dst = _handoff.owned_empty(shape, dtype)
+            pairs.append((arrays[sid][off:off + size], dst))
+            result.setdefault(key, {})[slot] = _handoff.hand_over(dst, dtype, shape)
+        self._copy(pairs)
+        for sid in arrays:
+            self._release(sid)
+        del arrays, pairs
+        self.stats["copied_ahead"] += 1
+        self.stats["copy_s"] += time.perf_counter() - t0
+        return self._assemble(reply["contract"], result)
+
+    def _copy(self, pairs: list) -> None:
+        """``numpy.copyto(dst, src)`` for every pair, in pieces on the copy threads
+        (numpy releases the GIL while it copies)."""
+        import numpy as np
+
+        piece = 8 << 20
+        jobs = [(dst[lo:lo + piece], src[lo:lo + piece]) for src, dst in pairs
+                for lo in range(0, src.nbytes, piece)]
+        if self.copy_threads <= 1 or sum(src.nbytes for src, _ in pairs) < 4 * piece:
+            for dst, src in jobs:
+                np.copyto(dst, src)
+            return
+        if self._copier is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._copier = ThreadPoolExecutor(self.copy_threads,
+                                              thread_name_prefix="speculators-compat-copy")
+        list(self._copier.map(lambda job: np.copyto(*job), jobs))
+
     def _copy_into(self, reply: dict, owned: dict, regions: dict) -> None:
         arrays = self._arrays(reply)
         for key, slot, sid, off, shape, dtype, start, total in reply["items"]:
@@ -665,7 +770,11 @@ class ShmImporter:
             slots = owned.setdefault(key, {})
             if slot not in slots:
                 full = (total, *shape[1:])
-                region = regions[(key, slot)] = _handoff.owned_empty(full, part.dtype)
+                region = self._fresh.take(_handoff.nbytes(full, part.dtype)) if (
+                    self._fresh is not None) else None
+                if region is None:
+                    region = _handoff.owned_empty(full, part.dtype)
+                regions[(key, slot)] = region
                 slots[slot] = _handoff.plain(region, part.dtype, full)
             slots[slot][start:start + shape[0]].copy_(part)
         for sid in arrays:
@@ -683,6 +792,11 @@ class ShmImporter:
         return {rid: layers(slots) for rid, slots in by_key.items()}
 
     def close(self) -> None:
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
+            self._copier = None
+        if self._fresh is not None:
+            self._fresh.drop()
         for mm, _ in self._maps.values():
             try:
                 mm.close()

@@ -61,12 +61,13 @@ def test_transport_streams_pieces_and_keeps_held_results(tp, runs):
     assert stats[0]["pieces"] >= 2, stats  # the 64-sequence batch did not fit
     assert all(s is None for s in stats[1:]), stats  # other ranks export nothing
     # Zero copy: the first call's rows fill their segments (an eighth of the pool each),
-    # so speculators' clone() took the shared memory over; the pieces are the driver's own
-    # memory, handed over too; the last call is copied, because the held results of the
-    # first hold more than a call's worth of segments (kept results would make every call
-    # need fresh ones). The comparison above ran after all three calls: a held result a
-    # later call overwrote would fail it. Observed on vLLM 0.16 and 0.32, both releases.
+    # so speculators' clone() took the shared memory over; the pieces are copied into the
+    # driver's own memory, which clone() takes over; the last call is copied by the
+    # transport too, because the held results of the first hold more than a call's worth
+    # of segments (kept results would make every call need fresh ones). The comparison
+    # above ran after all three calls: a held result a later call overwrote would fail
+    # it.
     driver = extra["driver_stats"]
-    assert (driver["handed_over"], driver["clone_copied"]) == (2, 1), driver
+    assert (driver["handed_over"], driver["copied_ahead"]) == (1, 2), driver
     assert all(b["plain_owned"] for b in result["batches"]), result["batches"]
     assert result["shm_left"] == [], result["shm_left"]

@@ -150,12 +150,20 @@ def test_clone_copies_where_memory_cannot_be_taken_over():
 
 
 def test_small_rows_in_big_segments_are_copied():
-    """Rows that fill a small part of their segment: results would hold far more memory."""
+    """Rows that fill a small part of their segment: results would hold far more memory.
+    The transport copies them into driver memory and releases the segment at once;
+    speculators' clone takes that memory over."""
     exporter = _transport.ShmExporter(chunk_bytes=4 << 20)
     importer = _transport.ShmImporter(handoff=True)
-    got = _fetch(exporter, importer, _states(lens=(3, 4)))
-    assert (importer.stats["handed_over"], importer.stats["clone_copied"]) == (0, 1)
-    assert all(type(h) is torch.Tensor for v in got.values() for h in v)
+    states = _states(lens=(3, 4))
+    got = _fetch(exporter, importer, states)
+    assert (importer.stats["handed_over"], importer.stats["copied_ahead"]) == (0, 1)
+    spans = _pointers(importer)
+    assert importer.take_released() == sorted(exporter.segments)  # back at once
+    results = _speculators_04(got)
+    for rid, layers in results.items():
+        for h, want in zip(layers, states[rid], strict=True):
+            assert owns_exactly(h) and not _inside(h, spans) and torch.equal(h, want)
 
 
 def test_offline_script_pattern_is_zero_copy_with_a_pool_that_settles():
@@ -174,23 +182,34 @@ def test_offline_script_pattern_is_zero_copy_with_a_pool_that_settles():
                    for h, w in zip(results[rid], want[rid], strict=True))
         sizes.append(len(exporter.segments))
         gc.collect()
-    assert (importer.stats["handed_over"], importer.stats["clone_copied"]) == (10, 0)
+    assert (importer.stats["handed_over"], importer.stats["copied_ahead"]) == (10, 0)
     assert sizes[3:] == [sizes[3]] * 7 and sizes[3] <= 4, sizes
 
 
 def test_a_caller_keeping_every_result_gets_copies_after_the_first_calls():
     """Kept results would make every call need fresh segments (slower on the H200 than
-    the copy): after about one call's worth is held, speculators' clone copies again, and
-    the pool keeps its size."""
+    the copy): after about one call's worth is held, the transport copies each call into
+    driver memory made ready while the model ran (``prepare_call``), and the pool keeps
+    its size."""
     exporter = _transport.ShmExporter(pool_bytes=8 * CHUNK, chunk_bytes=CHUNK)
-    importer = _transport.ShmImporter(handoff=True)
-    held = []
+    importer = _transport.ShmImporter(handoff=True, copy_threads=2)
+    held, regions = [], []
     for seed in range(9):  # a call is 1 of the pool's 8 segments
+        importer.prepare_call(sum(_states(seed=seed)[r][0].shape[0]
+                                  for r in _states(seed=seed)))
+        regions.append(importer._fresh._job is not None or importer._fresh.free() > 0)
         held.append(_speculators_04(_fetch(exporter, importer, _states(seed=seed))))
         exporter.release(importer.take_released())
         gc.collect()
-    assert (importer.stats["handed_over"], importer.stats["clone_copied"]) == (2, 7)
+    assert (importer.stats["handed_over"], importer.stats["copied_ahead"]) == (2, 7)
+    # Memory made ahead from the third call on (the first taught the bytes per token).
+    assert regions == [False, False] + [True] * 7, regions
+    assert importer.stats["fresh_bytes"] >= 7 * 212 * 2 * HIDDEN * 2
     assert exporter.stats["copied"] == 9 and len(exporter.segments) == 3  # never pickled
+    spans = _pointers(importer)
+    for results in held[2:]:
+        for h in (h for layers in results.values() for h in layers):
+            assert owns_exactly(h) and not _inside(h, spans)
     for seed, results in enumerate(held):
         want = _states(seed=seed)
         assert all(torch.equal(h, w) for rid in want
@@ -202,7 +221,7 @@ def test_pieces_are_handed_over_from_the_drivers_own_memory():
     importer = _transport.ShmImporter(handoff=True)
     states = _states(lens=(300, 250, 400, 10, 333, 120))  # ~2.9 MB: larger than the pool
     got = _fetch(exporter, importer, states)
-    assert exporter.stats["pieces"] >= 2 and importer.stats["handed_over"] == 1
+    assert exporter.stats["pieces"] >= 2 and importer.stats["copied_ahead"] == 1
     results = _speculators_04(got)
     for seg in exporter.segments.values():
         seg.buf.fill_(0)  # the pool is reused: results are the driver's own memory

@@ -23,8 +23,12 @@ was the whole remaining cost (7.5 GB per pass into freshly faulted pages on the 
 benchmark). Where the installed generator's ``generate()`` clones what it gets (probed in
 its source), the tensors returned are ``HandoffTensor`` instances whose ``clone()`` takes
 the shared memory over instead (a plain tensor with a storage of exactly its bytes; the
-segment stays leased while it lives: see ``speculators_compat._handoff``); set
-``SPECULATORS_COMPAT_ZERO_COPY=0`` to let speculators copy.
+segment stays leased while it lives: see ``speculators_compat._handoff``). Where
+earlier results still hold about a call's worth of segments (a caller keeping every
+result), the driver instead copies the call on up to 8 threads into memory it faulted in
+while the model ran (``speculators_compat._fresh``) and the segments come back at once:
+kept segments would make the worker make and pin new ones beside every forward, which
+was slower on the H200. Set ``SPECULATORS_COMPAT_ZERO_COPY=0`` to let speculators copy.
 Where shared memory cannot be used, the reply carries the states pickled, as before,
 and the driver logs why. vLLM's own callers of ``collective_rpc`` see no change. Where
 vLLM reduced the driver's intra-op threads when its executor started, the rest of a
@@ -117,8 +121,9 @@ class ShmTransport(GeneratorAdapter):
         def importer_of(executor) -> _transport.ShmImporter:
             importer = executor.__dict__.get("_compat_importer")
             if importer is None:
+                limit = int(os.environ.get(COPY_THREADS_ENV, DEFAULT_COPY_THREADS))
                 importer = executor.__dict__["_compat_importer"] = _transport.ShmImporter(
-                    handoff=handoff)
+                    handoff=handoff, copy_threads=max(1, min(limit, os.cpu_count() or 1)))
             return importer
 
         @functools.wraps(base.collective_rpc)  # later probes read its signature and docstring
@@ -128,7 +133,9 @@ class ShmTransport(GeneratorAdapter):
             if method == RESET_CAPTURE_RPC and not plain:
                 plan = plan_of(self)
                 if plan:
-                    released = importer_of(self).take_released()
+                    importer = importer_of(self)
+                    importer.prepare_call(sum(n for _, n in plan))
+                    released = importer.take_released()
                     return base.collective_rpc(self, _transport.RESET_RPC,
                                                **{**kwargs, "args": (plan, released)})
             if (method != CAPTURED_STATES_RPC or plain
