@@ -350,8 +350,9 @@ class _Pass:
     """One timed pass over all sequences in batches of ``size``; results held by the pass
     (like a user collecting a dataset) and released at its end. ``keep``: hold only the
     first ``keep`` calls' results (checksummed and dropped otherwise, like speculators'
-    offline script, which saves each batch; ``--hold call`` keeps 2, for the check that
-    results stay valid after later calls)."""
+    offline script, which saves each batch and holds the last one while the next call
+    runs; ``--hold call`` keeps the first, for the check that results stay valid after
+    later calls)."""
 
     def __init__(self, size: int, keep: int | None = None) -> None:
         self.size = size
@@ -548,7 +549,9 @@ def child_b(p: dict) -> None:
     tokens = sum(len(s) for s in seqs)
     check = None
     for size in _batch_order(p):
-        ps = _Pass(size, keep=2 if p.get("hold") == "call" else None)
+        per_call = p.get("hold") == "call"
+        ps = _Pass(size, keep=1 if per_call else None)
+        dtype = None
         driver0 = _driver_stats(gen)
         first: list = []
         for batch in _chunks(seqs, size):
@@ -556,14 +559,20 @@ def child_b(p: dict) -> None:
             out = run(batch)
             dt = time.perf_counter() - t
             hs = [h for r in out for h in r["hidden_states"]]
-            if len(first) < p["check_seqs"]:
-                first += [r["hidden_states"] for r in out][: p["check_seqs"] - len(first)]
+            if len(first) < p["check_seqs"] and p["save_check"]:
+                # Results dropped per call: copies for the check file (outside the timed
+                # region), so that only the pass's first call stays held, as a saving
+                # script holds its last batch while the next call runs.
+                first += [[h.clone() for h in r["hidden_states"]] if per_call
+                          else r["hidden_states"] for r in out][: p["check_seqs"] - len(first)]
             del out
+            dtype = str(hs[0].dtype) if hs else dtype
             ps.record(dt, hs)
+            del hs
         if p["save_check"] and check is None:
             check = _save_check(p, _check_name(p["mode"], p.get("tp", 1)), first)
             res["check_file"] = check
-        ps.extra["dtype"] = str(first[0][0].dtype) if first else None
+        ps.extra["dtype"] = dtype
         ps.extra["transport"] = _try(lambda: gen.executor.collective_rpc(_transport_stats))
         driver1 = _driver_stats(gen)
         if driver0 is not None and driver1 is not None:

@@ -176,6 +176,7 @@ def test_offline_script_pattern_is_zero_copy_with_a_pool_that_settles():
         exporter.release(importer.take_released())
         exporter.new_call()
         exporter.grow_ahead(2 * CHUNK)  # what the worker extension asks for
+        importer.prepare_call(sum(len(v[0]) for v in _states(seed=seed).values()))
         results = _speculators_04(_fetch(exporter, importer, _states(seed=seed)))
         want = _states(seed=seed)
         assert all(torch.equal(h, w) for rid in want
@@ -183,6 +184,7 @@ def test_offline_script_pattern_is_zero_copy_with_a_pool_that_settles():
         sizes.append(len(exporter.segments))
         gc.collect()
     assert (importer.stats["handed_over"], importer.stats["copied_ahead"]) == (10, 0)
+    assert importer.stats["fresh_bytes"] == 0  # nothing made for copies that never came
     assert sizes[3:] == [sizes[3]] * 7 and sizes[3] <= 4, sizes
 
 
