@@ -212,3 +212,32 @@ def test_a_failing_grower_leaves_the_call_to_allocate(monkeypatch):
     got = exporter._alloc(1000)
     assert got is not None and len(exporter.segments) == 1
     exporter.close()
+
+
+def test_the_first_call_makes_the_steady_pool_and_waits_for_it():
+    """The first streamed call learns a call's size: it grows the pool to what steady use
+    needs (``FIRST_CALL_AHEAD`` calls beside itself) and waits for that at its end, so
+    later calls find their segments ready; later calls grow nothing more."""
+    chunk = 64 << 10
+    exporter = _transport.ShmExporter(pool_bytes=64 * chunk, chunk_bytes=chunk)
+    states = _states(n_req=2, n_layers=2, hidden=512, lens=[40, 24])  # 128 KiB a call
+    call = sum(t.numel() * t.element_size() for v in states.values() for t in v)
+    plan = [(rid, v[0].shape[0]) for rid, v in states.items()]
+    sizes = []
+    for _ in range(4):
+        exporter.new_call()
+        sink = _transport.StreamingSink(exporter, plan, 2, _transport.BY_REQUEST)
+        for slot in range(2):
+            sink.write(slot, [(rid, 0, v[slot]) for rid, v in states.items()])
+        reply = sink.describe(list(states), dict(plan))
+        assert reply is not None and exporter._grower is None  # waited at the first end
+        got = _transport.ShmImporter()._views(reply)
+        assert _equal(got, states)
+        sizes.append(sum(s.size for s in exporter.segments.values()))
+        del got
+        gc.collect()
+        exporter.release(list(exporter.segments))
+    assert sizes[0] >= call * (1 + _transport.FIRST_CALL_AHEAD), (sizes, call)
+    assert sizes == [sizes[0]] * 4, sizes
+    assert exporter.stats["grown"] > 0
+    exporter.close()
