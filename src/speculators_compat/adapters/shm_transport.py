@@ -95,7 +95,9 @@ class ShmTransport(GeneratorAdapter):
             return Verdict.not_needed(f"hidden states travel pickled through collective_rpc: "
                                       f"{reason}")
         handoff = ("speculators' clone() of each returned tensor takes the memory over "
-                   "(zero copy)" if _zero_copy(gen) else
+                   "(zero copy; a call whose results would keep the pool from coming back "
+                   "is first copied by the driver into memory made during the forward)"
+                   if _zero_copy(gen) else
                    f"speculators copies each returned tensor ({_zero_copy_off_reason(gen)})")
         return Verdict.needed(f"hidden states travel through shared memory (memfd, pool up to "
                               f"{_transport.default_pool_bytes() >> 20} MiB, "
