@@ -295,7 +295,7 @@ class ShmExporter:
 
     def settle_first(self) -> None:
         """End of a call: if it is the first, wait for :meth:`grow_first`'s segments."""
-        if getattr(self, "_settle", False):
+        if self._settle:
             self._settle = False
             if self._grower is not None:
                 t0 = time.perf_counter()
@@ -763,11 +763,8 @@ class ShmImporter:
             if sid is None:
                 result.setdefault(key, {})[slot] = torch.empty(shape, dtype=dtype)
                 continue
-            size = _handoff.nbytes(shape, dtype)
-            dst = self._fresh.take(size) if self._fresh is not None else None
-            if dst is None:
-                dst = _handoff.owned_empty(shape, dtype)
-            pairs.append((arrays[sid][off:off + size], dst))
+            dst = self._owned(shape, dtype)
+            pairs.append((arrays[sid][off:off + dst.nbytes], dst))
             result.setdefault(key, {})[slot] = _handoff.hand_over(dst, dtype, shape)
         self._copy(pairs)
         for sid in arrays:
@@ -776,6 +773,12 @@ class ShmImporter:
         self.stats["copied_ahead"] += 1
         self.stats["copy_s"] += time.perf_counter() - t0
         return self._assemble(reply["contract"], result)
+
+    def _owned(self, shape, dtype):
+        """Driver memory for a copied tensor (a uint8 array of exactly its bytes): a piece
+        of the memory made ahead where there is one, else ordinary memory."""
+        piece = self._fresh.take(_handoff.nbytes(shape, dtype)) if self._fresh else None
+        return piece if piece is not None else _handoff.owned_empty(shape, dtype)
 
     def _copy(self, pairs: list) -> None:
         """``numpy.copyto(dst, src)`` for every pair, in pieces on the copy threads
@@ -803,11 +806,7 @@ class ShmImporter:
             slots = owned.setdefault(key, {})
             if slot not in slots:
                 full = (total, *shape[1:])
-                region = self._fresh.take(_handoff.nbytes(full, part.dtype)) if (
-                    self._fresh is not None) else None
-                if region is None:
-                    region = _handoff.owned_empty(full, part.dtype)
-                regions[(key, slot)] = region
+                region = regions[(key, slot)] = self._owned(full, part.dtype)
                 slots[slot] = _handoff.plain(region, part.dtype, full)
             slots[slot][start:start + shape[0]].copy_(part)
         for sid in arrays:
