@@ -758,18 +758,20 @@ class ShmImporter:
 
         t0 = time.perf_counter()
         pairs, result = [], {}
-        for key, slot, sid, off, shape, dtype_name, _start, _total in reply["items"]:
-            dtype = getattr(torch, dtype_name.removeprefix("torch."))
-            if sid is None:
-                result.setdefault(key, {})[slot] = torch.empty(shape, dtype=dtype)
-                continue
-            dst = self._owned(shape, dtype)
-            pairs.append((arrays[sid][off:off + dst.nbytes], dst))
-            result.setdefault(key, {})[slot] = _handoff.hand_over(dst, dtype, shape)
-        self._copy(pairs)
-        for sid in arrays:
-            self._release(sid)
-        del arrays, pairs
+        try:
+            for key, slot, sid, off, shape, dtype_name, _start, _total in reply["items"]:
+                dtype = getattr(torch, dtype_name.removeprefix("torch."))
+                if sid is None:
+                    result.setdefault(key, {})[slot] = torch.empty(shape, dtype=dtype)
+                    continue
+                dst = self._owned(shape, dtype)
+                pairs.append((arrays[sid][off:off + dst.nbytes], dst))
+                result.setdefault(key, {})[slot] = _handoff.hand_over(dst, dtype, shape)
+            self._copy(pairs)
+        finally:  # nothing refers to the segments now, even if the copy failed
+            for sid in arrays:
+                self._release(sid)
+            del arrays, pairs
         self.stats["copied_ahead"] += 1
         self.stats["copy_s"] += time.perf_counter() - t0
         return self._assemble(reply["contract"], result)
@@ -801,16 +803,18 @@ class ShmImporter:
 
     def _copy_into(self, reply: dict, owned: dict, regions: dict) -> None:
         arrays = self._arrays(reply)
-        for key, slot, sid, off, shape, dtype, start, total in reply["items"]:
-            part = self._tensor(arrays, sid, off, shape, dtype)
-            slots = owned.setdefault(key, {})
-            if slot not in slots:
-                full = (total, *shape[1:])
-                region = regions[(key, slot)] = self._owned(full, part.dtype)
-                slots[slot] = _handoff.plain(region, part.dtype, full)
-            slots[slot][start:start + shape[0]].copy_(part)
-        for sid in arrays:
-            self._release(sid)
+        try:
+            for key, slot, sid, off, shape, dtype, start, total in reply["items"]:
+                part = self._tensor(arrays, sid, off, shape, dtype)
+                slots = owned.setdefault(key, {})
+                if slot not in slots:
+                    full = (total, *shape[1:])
+                    region = regions[(key, slot)] = self._owned(full, part.dtype)
+                    slots[slot] = _handoff.plain(region, part.dtype, full)
+                slots[slot][start:start + shape[0]].copy_(part)
+        finally:  # the pieces were copied (or the call failed): the segments go back
+            for sid in arrays:
+                self._release(sid)
 
     @staticmethod
     def _assemble(contract: str, by_key: dict) -> Any:

@@ -236,3 +236,25 @@ def test_without_handoff_tensors_are_plain_views():
     got = _fetch(_transport.ShmExporter(chunk_bytes=CHUNK), _transport.ShmImporter(),
                  _states())
     assert all(type(h) is torch.Tensor for v in got.values() for h in v)
+
+
+def test_a_copy_that_fails_still_gives_the_segments_back():
+    """An error while the transport copies a call (memory, a signal) reaches the caller,
+    and the call's segments still go back to the worker: nothing refers to them."""
+    exporter = _transport.ShmExporter(chunk_bytes=4 << 20)  # small rows: copied ahead
+    importer = _transport.ShmImporter(handoff=True)
+
+    def failing(pairs):
+        raise MemoryError("no memory for the copy")
+
+    importer._copy = failing
+    with pytest.raises(MemoryError):
+        _fetch(exporter, importer, _states(lens=(3, 4)))
+    leased = sorted(sid for sid, s in exporter.segments.items() if s.leased)
+    assert leased and importer.take_released() == leased
+    del importer._copy
+    exporter.release(leased)
+    got = _speculators_04(_fetch(exporter, importer, _states(seed=3, lens=(3, 4))))
+    want = _states(seed=3, lens=(3, 4))
+    assert all(torch.equal(h, w) for rid in want for h, w in zip(got[rid], want[rid],
+                                                                 strict=True))
