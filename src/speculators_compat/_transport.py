@@ -606,8 +606,8 @@ class ShmImporter:
         #: over (``handed_over``), calls the transport copied into the driver's own memory
         #: instead (``copied_ahead``: earlier results held too much of the pool, or a batch
         #: larger than it; speculators' clone then takes that memory over) and the time of
-        #: those copies (``copy_s``); ``fresh_*``: the memory made ready for them while the
-        #: model ran (:mod:`speculators_compat._fresh`).
+        #: those copies (``copy_s``; for pieces with their RPCs); ``fresh_*``: the memory
+        #: made for them while the model ran (:mod:`speculators_compat._fresh`).
         self.stats = {"fetch_s": 0.0, "after_fetch_s": 0.0, "copy_threads": 0,
                       "handed_over": 0, "copied_ahead": 0, "copy_s": 0.0}
         self._fresh = _fresh.FreshMemory(stats=self.stats) if handoff else None
