@@ -589,7 +589,7 @@ def child_b(p: dict) -> None:
 
 
 #: Driver transport counters that count calls or bytes (reported per pass, as differences).
-COUNTED = ("handed_over", "copied_ahead", "clone_copied", "fresh_bytes")
+COUNTED = ("handed_over", "copied_ahead", "clone_copied", "fresh_bytes", "trimmed_bytes")
 
 
 def _driver_stats(gen) -> dict | None:
@@ -1261,7 +1261,8 @@ def _transport_table(docs: list[dict]) -> list[str]:
     """What the driver's transport did in each (b) pass that reports it: calls whose
     segments speculators' clone took over, calls copied into driver memory (and that
     copy's time), memory made ahead during the forward (and the time a copy waited for
-    it)."""
+    it), pages of the pool the driver unmapped once results were released (blank: a
+    shim that did not yet)."""
     rows = []
     for fi, d in enumerate(docs):
         for r in d.get("runs", []):
@@ -1275,15 +1276,20 @@ def _transport_table(docs: list[dict]) -> list[str]:
                             f"{drv.get('copy_s', 0):.2f} | "
                             f"{drv.get('fresh_bytes', 0) / 2**30:.2f} | "
                             f"{drv.get('fresh_wait_s', 0):.2f} | "
-                            f"{'' if huge is None else ('yes' if huge else 'no')} |")
+                            f"{'' if huge is None else ('yes' if huge else 'no')} | "
+                            f"{_gib(drv.get('trimmed_bytes'))} |")
     if not rows:
         return []
     return ["", "Driver transport per (b) pass (file, path, batch; calls handed over = "
             "speculators' clone took the shared memory over; calls copied = copied by the "
             "transport into driver memory, which clone then took over):", "",
             "| file | path | batch | calls handed over | calls copied | copy s | memory "
-            "made ahead, GiB | waited for it, s | huge pages |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---|", *rows]
+            "made ahead, GiB | waited for it, s | huge pages | pool pages unmapped, GiB |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|", *rows]
+
+
+def _gib(nbytes) -> str:
+    return "" if nbytes is None else f"{nbytes / 2**30:.2f}"
 
 
 def render_markdown(docs: list[dict]) -> str:

@@ -258,3 +258,57 @@ def test_a_copy_that_fails_still_gives_the_segments_back():
     want = _states(seed=3, lens=(3, 4))
     assert all(torch.equal(h, w) for rid in want for h, w in zip(got[rid], want[rid],
                                                                  strict=True))
+
+
+def _driver_rss_kib(importer) -> int:
+    """Resident KiB of the driver's own mappings of the segments (``/proc/self/smaps``:
+    the worker half, in this process, maps the same pages separately)."""
+    starts = {start for start, _end in _pointers(importer)}
+    rss, current = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                current = int(head.split("-")[0], 16) in starts
+            elif current and head == "Rss:":
+                rss += int(line.split()[1])
+    return rss
+
+
+def test_released_results_leave_only_a_calls_worth_of_the_pool_mapped():
+    """After a caller releases every result it kept, the pages of the pool the driver
+    read stop counting in its RSS, except the lowest segments a call of the last size
+    needs (the next call is written there); the data stays in the worker's segments."""
+    chunk = 1 << 20
+    exporter = _transport.ShmExporter(pool_bytes=16 * chunk, chunk_bytes=chunk)
+    importer = _transport.ShmImporter(handoff=True, copy_threads=2)
+    lens = (300, 250, 400, 330)  # 1.25 MiB of rows per call: two segments each
+    held = []
+    for seed in range(5):
+        importer.prepare_call(sum(lens))
+        held.append(_speculators_04(_fetch(exporter, importer, _states(seed=seed, lens=lens))))
+        exporter.release(importer.take_released())
+        gc.collect()
+    assert (importer.stats["handed_over"], importer.stats["copied_ahead"]) == (2, 3)
+    mapped = sum(size for _mm, size in importer._maps.values())
+    assert mapped >= 6 * chunk, mapped  # two held calls and the segments copies came from
+    assert importer.stats["trimmed_bytes"] == 0  # nothing is trimmed while results live
+    for seed, results in enumerate(held):  # reads every held row
+        want = _states(seed=seed, lens=lens)
+        assert all(torch.equal(h, w) for rid in want
+                   for h, w in zip(results[rid], want[rid], strict=True))
+    before = _driver_rss_kib(importer)
+    assert before >= 3 * 1.2 * 1024, before  # three calls' rows were read (1.25 MiB each)
+    del held, results
+    gc.collect()
+    kept = importer._call_segment_bytes
+    assert kept == 2 * chunk
+    assert importer.stats["trimmed_bytes"] == mapped - kept
+    after = _driver_rss_kib(importer)
+    assert after <= kept / 1024 and before - after >= 1024, (before, after, kept)
+    # The segments still hold their data and serve the next calls.
+    exporter.release(importer.take_released())
+    got = _speculators_04(_fetch(exporter, importer, _states(seed=7, lens=lens)))
+    want = _states(seed=7, lens=lens)
+    assert all(torch.equal(h, w) for rid in want for h, w in zip(got[rid], want[rid],
+                                                                 strict=True))
