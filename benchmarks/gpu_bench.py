@@ -1157,7 +1157,8 @@ def _b_version(mode: str, what: str) -> str:
     return (f"(b) speculators {base[2:]} {what}"
             + (", zero copy" if "zc" in tags else "")
             + (" or copies into memory made ahead" if "ca" in tags else "")
-            + (f", {threads} copy threads" if threads and "zc" not in tags else "")
+            + (f", {threads} copy threads" if threads and ("zc" not in tags or "ca" in tags)
+               else "")
             + (", results dropped per call" if "hc" in tags else ""))
 
 

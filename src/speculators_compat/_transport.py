@@ -593,7 +593,7 @@ class ShmImporter:
         self.handoff = handoff
         self.fallback_reason: str | None = None
         #: Threads of the transport's own copies into driver memory (``copy_ahead``).
-        self.copy_threads = max(1, copy_threads or min(8, os.cpu_count() or 1))
+        self.copy_threads = max(1, copy_threads or min(16, os.cpu_count() or 1))
         self._copier = None
         #: Bytes per prompt token of the last call (all captured layers), its pool size and
         #: this call's prompt tokens (:meth:`prepare_call`): the size of the next call.
