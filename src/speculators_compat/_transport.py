@@ -203,6 +203,8 @@ class ShmExporter:
                 seg.leased = False
 
     def _take_free(self, nbytes: int) -> tuple[_Segment, int] | None:
+        """First fit, lowest segment number first: calls reuse the same few segments
+        (the driver keeps those mapped when it unmaps the rest, ``ShmImporter._trim``)."""
         with self._lock:
             for seg in self.segments.values():
                 if not seg.leased and seg.size - seg.used >= nbytes:
