@@ -554,10 +554,16 @@ def child_b(p: dict) -> None:
         dtype = None
         driver0 = _driver_stats(gen)
         first: list = []
+        calls_driver: list[dict] = []
         for batch in _chunks(seqs, size):
+            before = _driver_stats(gen)
             t = time.perf_counter()
             out = run(batch)
             dt = time.perf_counter() - t
+            after = _driver_stats(gen)
+            if before is not None and after is not None:
+                calls_driver.append({k: after[k] - (before.get(k) or 0) for k in CALL_KEYS
+                                     if k in after})
             hs = [h for r in out for h in r["hidden_states"]]
             if len(first) < p["check_seqs"] and p["save_check"]:
                 # Results dropped per call: copies for the check file (outside the timed
@@ -573,6 +579,8 @@ def child_b(p: dict) -> None:
             check = _save_check(p, _check_name(p["mode"], p.get("tp", 1)), first)
             res["check_file"] = check
         ps.extra["dtype"] = dtype
+        if calls_driver:
+            ps.extra["driver_calls"] = calls_driver
         ps.extra["transport"] = _try(lambda: gen.executor.collective_rpc(_transport_stats))
         driver1 = _driver_stats(gen)
         if driver0 is not None and driver1 is not None:
@@ -588,6 +596,9 @@ def child_b(p: dict) -> None:
     _emit(p, res)
 
 
+#: Driver transport counters recorded per call (differences), to split a call's time into
+#: the transport's part and the rest (the steps).
+CALL_KEYS = ("fetch_s", "copy_s", "after_fetch_s", "handed_over", "copied_ahead")
 #: Driver transport counters that count calls or bytes (reported per pass, as differences).
 COUNTED = ("handed_over", "copied_ahead", "clone_copied", "fresh_bytes", "trimmed_bytes")
 
@@ -1289,6 +1300,48 @@ def _transport_table(docs: list[dict]) -> list[str]:
             "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|", *rows]
 
 
+def _call_split_table(docs: list[dict]) -> list[str]:
+    """Where a (b) call's time goes, calls handed over apart from calls copied: the
+    transport's part in the driver (export RPCs and mapping, of which the copy) and after
+    the states arrived, and the rest (the model steps and speculators' loop), beside (a)'s
+    mean call in the same file and batch. Passes that recorded per-call driver counters."""
+    rows = []
+    for fi, d in enumerate(docs):
+        a_call = {}
+        for r in d.get("runs", []):
+            if _run_mode(r).split("|")[0] == "a":
+                for ps in r.get("passes", []):
+                    if ps.get("calls_s"):
+                        a_call[ps["batch"]] = sum(ps["calls_s"]) / len(ps["calls_s"])
+        for r in d.get("runs", []):
+            for ps in r.get("passes", []):
+                per = ps.get("driver_calls") or []
+                if len(per) != len(ps.get("calls_s") or []):
+                    continue
+                for kind, key in (("handed over", "handed_over"), ("copied", "copied_ahead")):
+                    sel = [(c, dc) for c, dc in zip(ps["calls_s"], per, strict=True)
+                           if dc.get(key)]
+                    if not sel:
+                        continue
+                    n = len(sel)
+                    call = sum(c for c, _ in sel) / n
+                    fetch = sum(dc.get("fetch_s", 0) for _, dc in sel) / n
+                    copy = sum(dc.get("copy_s", 0) for _, dc in sel) / n
+                    after = sum(dc.get("after_fetch_s", 0) for _, dc in sel) / n
+                    a = a_call.get(ps["batch"])
+                    rows.append(f"| {fi + 1} | {_label(_run_mode(r))} | {ps['batch']} | {kind} "
+                                f"| {n} | {call:.3f} | {call - fetch - after:.3f} | "
+                                f"{fetch:.3f} | {copy:.3f} | {after:.3f} | "
+                                f"{'' if a is None else f'{a:.3f}'} |")
+    if not rows:
+        return []
+    return ["", "Where a (b) call's time goes (means per call; steps = the call minus the "
+            "transport's part in the driver; (a): vLLM's own mean call, same file and batch):",
+            "", "| file | path | batch | calls | n | call s | steps s | states to the driver s "
+            "| of which copy s | after they arrived s | (a) call s |",
+            "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|", *rows]
+
+
 def _gib(nbytes) -> str:
     return "" if nbytes is None else f"{nbytes / 2**30:.2f}"
 
@@ -1363,6 +1416,7 @@ def render_markdown(docs: list[dict]) -> str:
                          f"{'' if not held else ('yes' if held['min'] == 1.0 else 'NO')} | "
                          f"{med('rss_growth_mib', 0)} |")
     lines += _transport_table(docs)
+    lines += _call_split_table(docs)
     lines += ["", "| path | driver peak RSS, GiB (median, min – max, n) |", "|---|---|"]
     for m in modes:
         st = (agg["rss"].get(m) or {}).get("peak_gib")
