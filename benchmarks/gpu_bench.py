@@ -1111,7 +1111,11 @@ def _run_mode(r: dict) -> str:
     N > 1 by that (``a|tp2``, ``b:0.4.0.1|t8|tp2``; a run without a TP field is TP 1)."""
     mode = r.get("mode") or ""
     if mode.startswith("b:"):
-        threads = {(ps.get("driver") or {}).get("copy_threads") for ps in r.get("passes", [])}
+        # Calls copied by the transport: its own copy threads where the run recorded them
+        # (speculators' clone threads, ``copy_threads``, are another count since then).
+        key = ("copy_pool_threads" if any("copy_pool_threads" in (ps.get("driver") or {})
+                                          for ps in r.get("passes", [])) else "copy_threads")
+        threads = {(ps.get("driver") or {}).get(key) for ps in r.get("passes", [])}
         threads.discard(None)
         if len(threads) == 1:
             mode = f"{mode}|t{threads.pop()}"

@@ -609,11 +609,12 @@ class ShmImporter:
         #: over (``handed_over``), calls the transport copied into the driver's own memory
         #: instead (``copied_ahead``: earlier results held too much of the pool, or a batch
         #: larger than it; speculators' clone then takes that memory over) and the time of
-        #: those copies (``copy_s``; for pieces with their RPCs); ``fresh_*``: the memory
+        #: those copies (``copy_s``; for pieces with their RPCs) and their threads
+        #: (``copy_pool_threads``); ``fresh_*``: the memory
         #: made for them while the model ran (:mod:`speculators_compat._fresh`).
         self.stats = {"fetch_s": 0.0, "after_fetch_s": 0.0, "copy_threads": 0,
                       "handed_over": 0, "copied_ahead": 0, "copy_s": 0.0,
-                      "trimmed_bytes": 0}
+                      "trimmed_bytes": 0, "copy_pool_threads": self.copy_threads}
         #: Segment bytes of the last call (what :meth:`_trim` keeps mapped).
         self._call_segment_bytes = 0
         self._fresh = _fresh.FreshMemory(stats=self.stats) if handoff else None
