@@ -443,6 +443,7 @@ def _load_tokens(p: dict) -> tuple[list[list[int]], list[list[int]]]:
 def _child_result_base(p: dict) -> dict:
     return {"mode": p["mode"], "round": p["round"], "tp": p.get("tp", 1),
             "hold": p.get("hold", "all"), "memory_ahead": p.get("memory_ahead", True),
+            "huge_pages": p.get("huge_pages", True),
             "versions": _versions(), "device": _device_info(), "pid": os.getpid(),
             "passes": []}
 
@@ -511,6 +512,10 @@ def child_b(p: dict) -> None:
         from speculators_compat import _fresh
 
         _fresh.FreshMemory.prepare = lambda self, nbytes: None
+    if not p.get("huge_pages", True):
+        from speculators_compat import _fresh
+
+        _fresh.HUGE_PAGES = False  # memory made ahead in ordinary pages
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
     )
@@ -1020,7 +1025,7 @@ class Parent:
         ckpt = Path(a.ckpt_dir or (self.work / "ckpt")) / ckpt_name
         self.doc.update(
             machine={"host": platform.node(), "platform": platform.platform(),
-                     "cpus": os.cpu_count(), "nvidia_smi": smi},
+                     "cpus": os.cpu_count(), "nvidia_smi": smi, "thp": _thp()},
             shim={"commit": shim_commit(), "src_sha256_12": src_digest()},
             params={**{k: v for k, v in cfg.items() if k != "model"},
                     "model_config": cfg["model"], "rounds": a.rounds, "modes": modes,
@@ -1044,7 +1049,8 @@ class Parent:
                 "c_storage": a.c_storage or str(self.work / "c-store"),
                 "c_chunked_prefill": a.c_chunked_prefill, "c_layer_offset": a.c_layer_offset,
                 "tp": a.tp, "hidden_size": (build.get("config") or {}).get("hidden_size"),
-                "hold": a.hold, "memory_ahead": not a.no_memory_ahead}
+                "hold": a.hold, "memory_ahead": not a.no_memory_ahead,
+                "huge_pages": not a.no_huge_pages}
         checks = any(m.startswith(("b:", "c")) for m in modes)
         reserve = a.reserve_compare if checks else 0.0
         for r in range(a.rounds):
@@ -1083,6 +1089,18 @@ class Parent:
         ok = all(r.get("ok") for r in self.doc["runs"]) and (
             not checks or cmp_.get("ok") or alone)
         return 0 if ok else 1
+
+
+def _thp() -> dict:
+    """The kernel's transparent huge page settings (the driver's memory made ahead asks for
+    huge pages; with ``defrag`` at ``madvise`` its faults may compact memory directly)."""
+    out = {}
+    for name in ("enabled", "defrag"):
+        try:
+            out[name] = Path(f"/sys/kernel/mm/transparent_hugepage/{name}").read_text().strip()
+        except OSError:
+            out[name] = None
+    return out
 
 
 def _nvidia_smi() -> str | None:
@@ -1138,6 +1156,8 @@ def _run_mode(r: dict) -> str:
             mode = f"{mode}|hc"
         if r.get("memory_ahead") is False:
             mode = f"{mode}|nma"
+        elif r.get("huge_pages") is False:
+            mode = f"{mode}|nhp"
     tp = r.get("tp") or 1
     return f"{mode}|tp{tp}" if tp != 1 and mode else mode
 
@@ -1188,7 +1208,8 @@ def _b_version(mode: str, what: str) -> str:
                 else " or copies into memory made ahead") if "ca" in tags else "")
             + (f", {threads} copy threads" if threads and ("zc" not in tags or "ca" in tags)
                else "")
-            + (", results dropped per call" if "hc" in tags else ""))
+            + (", results dropped per call" if "hc" in tags else "")
+            + (", memory made ahead without huge pages" if "nhp" in tags else ""))
 
 
 def _label(mode: str) -> str:
@@ -1594,6 +1615,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="(b): the driver makes no memory ahead for the calls it copies (they "
                         "go into ordinary memory): measures what making it beside the "
                         "forward costs the steps")
+    p.add_argument("--no-huge-pages", action="store_true",
+                   help="(b): the memory made ahead without MADV_HUGEPAGE (a measurement: "
+                        "whether huge-page faults beside the forward slow the steps)")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor_parallel_size of every mode's engine (needs that many GPUs)")
     p.add_argument("--tiny", action="store_true", help="tiny Llama, few sequences (CPU test)")

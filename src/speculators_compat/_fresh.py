@@ -32,6 +32,9 @@ from typing import Any
 
 #: Bytes a region is rounded up to (a transparent huge page).
 HUGE = 2 << 20
+#: Ask for transparent huge pages (``MADV_HUGEPAGE``). The GPU benchmark turns it off to
+#: measure what huge-page faults beside the forward cost (``gpu_bench --no-huge-pages``).
+HUGE_PAGES = True
 PAGE = mmap.PAGESIZE
 ALIGN = 64
 
@@ -108,9 +111,10 @@ class FreshMemory:
         t0 = time.perf_counter()
         try:
             mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            huge = True
+            huge = HUGE_PAGES
             try:
-                mm.madvise(mmap.MADV_HUGEPAGE)
+                if huge:
+                    mm.madvise(mmap.MADV_HUGEPAGE)
             except (AttributeError, OSError, ValueError):
                 huge = False
             arr = np.frombuffer(mm, dtype=np.uint8)
