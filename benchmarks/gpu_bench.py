@@ -506,16 +506,15 @@ def child_b(p: dict) -> None:
     import speculators_compat
 
     report = speculators_compat.activate()
-    if not p.get("memory_ahead", True):
-        # A measurement, not a setting: the transport's copies then go into ordinary
-        # memory, so the steps run with no pages being made beside them.
-        from speculators_compat import _fresh
+    from speculators_compat import _fresh
 
+    # Measurements, not settings (--no-memory-ahead, --no-huge-pages): the transport's
+    # copies go into ordinary memory, so the steps run with no pages made beside them; or
+    # the memory made ahead is made in ordinary pages.
+    if not p.get("memory_ahead", True):
         _fresh.FreshMemory.prepare = lambda self, nbytes: None
     if not p.get("huge_pages", True):
-        from speculators_compat import _fresh
-
-        _fresh.HUGE_PAGES = False  # memory made ahead in ordinary pages
+        _fresh.HUGE_PAGES = False
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
     )
@@ -593,15 +592,18 @@ def child_b(p: dict) -> None:
         if calls_driver:
             ps.extra["driver_calls"] = calls_driver
         ps.extra["transport"] = _try(lambda: gen.executor.collective_rpc(_transport_stats))
+        del first
+        finished = ps.finish(tokens)  # releases the pass's results
         driver1 = _driver_stats(gen)
         if driver0 is not None and driver1 is not None:
             # This pass's driver-side share: the export RPCs, and speculators' copies after
-            # the states arrived (with the threads they ran with).
-            ps.extra["driver"] = {k: (driver1[k] - (driver0.get(k) or 0)
+            # the states arrived (with the threads they ran with); read after the release,
+            # so that the pool pages unmapped because of it count in this pass.
+            finished["driver"] = {k: (driver1[k] - (driver0.get(k) or 0)
                                       if k.endswith("_s") or k in COUNTED else driver1[k])
                                   for k in driver1}
-        del first
-        res["passes"].append(ps.finish(tokens))
+            finished["driver"]["read_after_release"] = True
+        res["passes"].append(finished)
         _emit(p, res)
     res["ok"] = True
     _emit(p, res)
@@ -1312,8 +1314,8 @@ def _transport_table(docs: list[dict]) -> list[str]:
     """What the driver's transport did in each (b) pass that reports it: calls whose
     segments speculators' clone took over, calls copied into driver memory (and that
     copy's time), memory made ahead during the forward (and the time a copy waited for
-    it), pages of the pool the driver unmapped once results were released (blank: a
-    shim that did not yet)."""
+    it), pages of the pool the driver unmapped once the pass's results were released
+    (blank: a shim that did not yet, or a run that read its counters before the release)."""
     rows = []
     for fi, d in enumerate(docs):
         for r in d.get("runs", []):
@@ -1322,13 +1324,14 @@ def _transport_table(docs: list[dict]) -> list[str]:
                 if "copied_ahead" not in drv:
                     continue
                 huge = drv.get("fresh_hugepages")
+                trimmed = drv.get("trimmed_bytes") if drv.get("read_after_release") else None
                 rows.append(f"| {fi + 1} | {_label(_run_mode(r))} | {ps['batch']} | "
                             f"{drv.get('handed_over', 0)} | {drv.get('copied_ahead', 0)} | "
                             f"{drv.get('copy_s', 0):.2f} | "
                             f"{drv.get('fresh_bytes', 0) / 2**30:.2f} | "
                             f"{drv.get('fresh_wait_s', 0):.2f} | "
                             f"{'' if huge is None else ('yes' if huge else 'no')} | "
-                            f"{_gib(drv.get('trimmed_bytes'))} |")
+                            f"{_gib(trimmed)} |")
     if not rows:
         return []
     return ["", "Driver transport per (b) pass (file, path, batch; calls handed over = "
