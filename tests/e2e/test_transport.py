@@ -69,5 +69,8 @@ def test_transport_streams_pieces_and_keeps_held_results(tp, runs):
     # it.
     driver = extra["driver_stats"]
     assert (driver["handed_over"], driver["copied_ahead"]) == (1, 2), driver
+    from speculators_compat.adapters.shm_transport import transport_copy_threads
+
+    assert driver["copy_pool_threads"] == transport_copy_threads(), driver  # the adapter's
     assert all(b["plain_owned"] for b in result["batches"]), result["batches"]
     assert result["shm_left"] == [], result["shm_left"]

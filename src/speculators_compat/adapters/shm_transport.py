@@ -128,9 +128,8 @@ class ShmTransport(GeneratorAdapter):
         def importer_of(executor) -> _transport.ShmImporter:
             importer = executor.__dict__.get("_compat_importer")
             if importer is None:
-                limit = int(os.environ.get(COPY_THREADS_ENV, DEFAULT_TRANSPORT_COPY_THREADS))
                 importer = executor.__dict__["_compat_importer"] = _transport.ShmImporter(
-                    handoff=handoff, copy_threads=max(1, min(limit, os.cpu_count() or 1)))
+                    handoff=handoff, copy_threads=transport_copy_threads())
             return importer
 
         @functools.wraps(base.collective_rpc)  # later probes read its signature and docstring
@@ -191,6 +190,13 @@ class ShmTransport(GeneratorAdapter):
 
         patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", link)
         patcher.wrap(gen.VllmHiddenStatesGenerator, "generate", _copy_threads)
+
+
+def transport_copy_threads() -> int:
+    """Threads of the transport's own copies: ``SPECULATORS_COMPAT_COPY_THREADS`` or
+    :data:`DEFAULT_TRANSPORT_COPY_THREADS`, at most the CPU count."""
+    limit = int(os.environ.get(COPY_THREADS_ENV, DEFAULT_TRANSPORT_COPY_THREADS))
+    return max(1, min(limit, os.cpu_count() or 1))
 
 
 def _zero_copy_off_reason(gen: ModuleType) -> str | None:

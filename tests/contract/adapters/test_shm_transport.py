@@ -83,3 +83,22 @@ def test_zero_copy_follows_speculators_own_clone(base, monkeypatch):
     reason = shm_transport._zero_copy_off_reason(types.SimpleNamespace(
         VllmHiddenStatesGenerator=NoClone))
     assert reason is not None and "does not clone" in reason
+
+
+def test_transport_copy_threads_default_and_bounds(monkeypatch):
+    """The transport's own copies run on up to 16 threads (measured faster than 8 on the
+    H200), never more than the CPUs, and the variable overrides the default."""
+    import os
+
+    from speculators_compat.adapters import shm_transport
+
+    monkeypatch.delenv(shm_transport.COPY_THREADS_ENV, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert shm_transport.transport_copy_threads() == 16
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert shm_transport.transport_copy_threads() == 2
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setenv(shm_transport.COPY_THREADS_ENV, "4")
+    assert shm_transport.transport_copy_threads() == 4
+    monkeypatch.setenv(shm_transport.COPY_THREADS_ENV, "0")
+    assert shm_transport.transport_copy_threads() == 1
