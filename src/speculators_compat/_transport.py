@@ -50,7 +50,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from . import _fresh, _handoff, _speculators
+from . import _early, _fresh, _handoff, _speculators
 
 logger = logging.getLogger("speculators_compat")
 
@@ -189,6 +189,9 @@ class ShmExporter:
         self._contract = BY_REQUEST
         self._first = False
         self._stream = None
+        #: The board the driver reads landed rows from (:mod:`speculators_compat._early`),
+        #: made at the first call that asks for it; ``False``: it could not be made.
+        self._board: Any = None
         #: How replies went: ``streamed`` (rows copied while the model ran), ``copied``
         #: (copied at the end), ``pieces`` (a batch larger than the pool).
         self.stats = {"streamed": 0, "copied": 0, "pieces": 0, "pinned": 0, "unpinned": 0,
@@ -329,10 +332,26 @@ class ShmExporter:
         """Forget a failed export (what the driver holds stays leased)."""
         self.new_call()
 
+    def board(self, token: int | None):
+        """The board, started for the call ``token`` (``None``: no token, no board)."""
+        if token is None:
+            return None
+        if self._board is None:
+            try:
+                self._board = _early.Board()
+            except (OSError, ValueError):
+                self._board = False
+        if self._board:
+            self._board.start(token)
+        return self._board or None
+
     def close(self) -> None:
         if self._grower is not None:
             self._grower.join()
             self._grower = None
+        if self._board:
+            self._board.close()
+        self._board = None
         for seg in list(self.segments.values()):
             seg.close()
         self.segments.clear()
@@ -448,7 +467,8 @@ class StreamingSink:
     then takes the regular path, never a wrong row.
     """
 
-    def __init__(self, exporter: ShmExporter, plan, n_layers: int, contract: str) -> None:
+    def __init__(self, exporter: ShmExporter, plan, n_layers: int, contract: str,
+                 board: Any = None) -> None:
         self.exporter = exporter
         self.plan = [(str(r), int(n)) for r, n in plan]
         self.n_layers = n_layers
@@ -458,6 +478,13 @@ class StreamingSink:
         self.places: dict[tuple[Any, int], tuple[int, int, tuple, str]] = {}
         self.used: set[int] = set()
         self._cuda = False
+        #: Where landed rows are published for the driver's early copy
+        #: (:mod:`speculators_compat._early`), or ``None``.
+        self.board = board
+        self._index = {rid: i for i, (rid, _) in enumerate(self.plan)}
+        self._written = [0] * len(self.plan)  # rows written (every layer), per request
+        self._step: list[tuple[int, int, int]] | None = None  # this step's (i, pos, rows)
+        self._landing: deque = deque()  # (CUDA event, [(i, rows)]) not yet published
 
     def _allocate(self, sample) -> None:
         self.dst = {}
@@ -488,14 +515,65 @@ class StreamingSink:
             for rid, n in self.plan:
                 for slot in range(self.n_layers):
                     self.dst[(rid, slot)] = region(rid, slot, n)
+        if self.board is not None:
+            self._publish_layout(row_bytes)
         if first:
             self.exporter.grow_first(int(total * row_bytes * self.n_layers * FIRST_CALL_AHEAD))
+
+    def _publish_layout(self, row_bytes: int) -> None:
+        src, start = [], 0
+        for rid, n in self.plan:
+            if self.contract == LIST:
+                per = [self.places[(None, s)] for s in range(self.n_layers)]
+                src.append([(sid, off + start * row_bytes) for sid, off, _, _ in per])
+            else:
+                src.append([self.places[(rid, s)][:2] for s in range(self.n_layers)])
+            start += n
+        segments = {sid: (self.exporter.segments[sid].fd, self.exporter.segments[sid].size)
+                    for sid in self.used}
+        self.board.publish_layout(self.n_layers, row_bytes, self.contract == LIST, src,
+                                  segments)
+
+    def _track(self, slot: int, entries) -> list[tuple[int, int]] | None:
+        """Follow one layer's write of a step for the board: the (request, rows) that
+        land with this step once its last layer is written, else ``None``. Marks the
+        board dead where rows would be written again (a recomputed prompt) or a layer's
+        rows differ from the step's first layer's."""
+        board = self.board
+        if board is None or board.dead:
+            return None
+        step = [(self._index.get(rid, -1), pos, rows.shape[0]) for rid, pos, rows in entries]
+        if slot == 0:
+            if any(i < 0 or pos < self._written[i] for i, pos, _ in step):
+                board.kill()
+                return None
+            self._step = step
+        elif step != self._step:
+            board.kill()
+            return None
+        if slot != self.n_layers - 1:
+            return None
+        self._step = None
+        ends = [(i, pos + n) for i, pos, n in step]
+        for i, end in ends:
+            self._written[i] = end
+        return ends
+
+    def _publish_landed(self) -> None:
+        """Publish the rows of steps whose copies to shared memory have completed."""
+        while self._landing and self._landing[0][0].query():
+            _, ends = self._landing.popleft()
+            if self.board is not None and not self.board.dead:
+                for i, end in ends:
+                    self.board.landed(i, end)
 
     def write(self, slot: int, entries) -> None:
         """``entries``: (request id, prompt position, rows) of one layer in one step."""
         if not self.ok:
             return
         t0 = time.perf_counter()
+        if self._landing:
+            self._publish_landed()
         try:
             if self.dst is None:
                 self._allocate(entries[0][2])
@@ -503,12 +581,13 @@ class StreamingSink:
             for rid, pos, rows in entries:
                 dst = self.dst.get((rid, slot))
                 if dst is None or pos + rows.shape[0] > dst.shape[0]:
-                    self.ok = False
+                    self._off()
                     return
                 pairs.append((dst[pos:pos + rows.shape[0]], rows))
         except (OSError, MemoryError):
-            self.ok = False
+            self._off()
             return
+        ends = self._track(slot, entries)
         if pairs and pairs[0][1].is_cuda:
             import torch
 
@@ -520,10 +599,23 @@ class StreamingSink:
                 stream.wait_event(ready)
                 for dst, rows in pairs:
                     dst.copy_(rows, non_blocking=True)
+                if ends:
+                    landed = torch.cuda.Event()
+                    landed.record(stream)
+                    self._landing.append((landed, ends))
         else:
             for dst, rows in pairs:
                 dst.copy_(rows)
+            if ends and not self.board.dead:
+                for i, end in ends:
+                    self.board.landed(i, end)
         self.exporter.stats["write_s"] += time.perf_counter() - t0
+
+    def _off(self) -> None:
+        """Streaming is off for this call: the regular export runs at its end."""
+        self.ok = False
+        if self.board is not None:
+            self.board.kill()
 
     def wait(self) -> None:
         if self._cuda:
@@ -540,6 +632,8 @@ class StreamingSink:
         planned = [r for r, _ in self.plan]
         if not self.ok or self.dst is None or planned != order or any(
                 lengths.get(r) != n for r, n in self.plan):
+            if self.board is not None:
+                self.board.kill()
             return None
         keys = [None] if self.contract == LIST else order
         items = []
@@ -548,7 +642,10 @@ class StreamingSink:
                 sid, off, shape, dtype = self.places[(key, slot)]
                 items.append((key, slot, sid, off, shape, dtype, 0, shape[0]))
         self.exporter.stats["streamed"] += 1
-        return self.exporter.lease_reply(self.used, items, self.contract)
+        reply = self.exporter.lease_reply(self.used, items, self.contract)
+        if self.board is not None and not self.board.dead:
+            reply["board"] = self.board.token  # the driver's early copies are this call's
+        return reply
 
 
 def _rows_bytes(reply: dict) -> int:
@@ -569,6 +666,12 @@ def _segments_come_back(held: int, call: int, pool: int) -> bool:
     made and pinned in the worker beside the forward: on the H200 that slowed every call
     more than a copy costs (batch 32, results held: 0.78x of vLLM's prefill)."""
     return 2 * held <= 3 * call and held + 2 * call <= pool
+
+
+def _early_nbytes(shape, dtype_name: str) -> int:
+    import torch
+
+    return _handoff.nbytes(shape, getattr(torch, dtype_name.removeprefix("torch.")))
 
 
 def rpc_reply(states: Any, reason: str) -> dict:
@@ -618,12 +721,22 @@ class ShmImporter:
         #: Segment bytes of the last call (what :meth:`_trim` keeps mapped).
         self._call_segment_bytes = 0
         self._fresh = _fresh.FreshMemory(stats=self.stats) if handoff else None
+        #: Early copy (:mod:`speculators_compat._early`): rows copied while the model runs
+        #: (``early_bytes``), calls whose early copies were used (``early_calls``) or
+        #: dropped (``early_dropped``: the call was handed over, fell back, or its board
+        #: was marked dead).
+        self.stats.update(early_bytes=0, early_calls=0, early_dropped=0)
+        self._copy_expected = False  # prepare_call made memory ahead: a copy is coming
+        self._early: _early.EarlyCopy | None = None
+        self._boards: dict[tuple[int, int], Any] = {}
+        self._token = int.from_bytes(os.urandom(6), "little")
 
     def prepare_call(self, tokens: int) -> None:
         """A call with ``tokens`` prompt tokens starts. Where its states will be copied
         into driver memory (earlier results hold the pool), have that memory made while
         the model runs (:mod:`speculators_compat._fresh`)."""
         self._call_tokens = max(int(tokens), 0)
+        self._copy_expected = False
         if self._fresh is None or not self._token_bytes or not self._call_tokens:
             return
         size = self._call_tokens * self._token_bytes
@@ -631,6 +744,71 @@ class ShmImporter:
             held = sum(self._held.values())
         if not _segments_come_back(held, size, self._pool):
             self._fresh.prepare(size + (64 << 10))  # + room for each piece's alignment
+            self._copy_expected = True
+
+    def next_token(self) -> int | None:
+        """The token of the call that starts (passed with the reset), or ``None`` where
+        this call will not be copied (nothing to copy early)."""
+        self._drop_early()
+        if not self._copy_expected:
+            return None
+        self._token = (self._token + 1) & ((1 << 62) - 1)
+        return self._token
+
+    def begin_call(self, replies: Any, plan) -> None:
+        """The reset's replies are in: where the capturing worker keeps a board, start
+        the thread that copies this call's rows while the model runs."""
+        self._drop_early()
+        if not self._copy_expected:
+            return
+        board = next((r["board"] for r in (replies if isinstance(replies, list) else [replies])
+                      if is_reply(r) and isinstance(r.get("board"), dict)), None)
+        if board is None:
+            return
+        try:
+            words = self._board(board)
+        except OSError:
+            return
+        self._early = _early.EarlyCopy(
+            words, self._token, plan,
+            segment=lambda sid, fd, size: self._segment(board["pid"], sid, fd, size),
+            owned=self._owned_bytes).start()
+
+    def _board(self, board: dict):
+        import numpy as np
+
+        key = (int(board["pid"]), int(board["fd"]))
+        words = self._boards.get(key)
+        if words is None or words.nbytes != board["bytes"]:
+            local = os.open(f"/proc/{key[0]}/fd/{key[1]}", os.O_RDWR)
+            try:
+                mm = mmap.mmap(local, int(board["bytes"]))
+            finally:
+                os.close(local)
+            words = self._boards[key] = np.frombuffer(mm, dtype=np.int64)
+        return words
+
+    def _segment(self, pid: int, sid: int, fd: int, size: int):
+        import numpy as np
+
+        return np.frombuffer(self._map(pid, sid, fd, size), dtype=np.uint8)
+
+    def _owned_bytes(self, nbytes: int):
+        piece = self._fresh.take(nbytes) if self._fresh else None
+        if piece is None:
+            import numpy as np
+
+            piece = np.empty(nbytes, dtype=np.uint8)
+        return piece
+
+    def _drop_early(self, early: _early.EarlyCopy | None = None) -> None:
+        """Stop an early copy whose rows will not be used."""
+        early = early or self._early
+        if early is self._early:
+            self._early = None
+        if early is not None:
+            early.stop()
+            self.stats["early_dropped"] += 1
 
     def take_released(self) -> list[int]:
         with self._lock:
@@ -677,21 +855,30 @@ class ShmImporter:
 
     def _map(self, pid: int, sid: int, fd: int, size: int) -> mmap.mmap:
         key = (pid, sid)
-        cached = self._maps.get(key)
-        if cached is not None and cached[1] == size:
-            return cached[0]
-        local = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
-        try:
-            mm = mmap.mmap(local, size)
-        finally:
-            os.close(local)
-        self._maps[key] = (mm, size)
-        return mm
+        with self._lock:  # the early copy's thread maps segments too
+            cached = self._maps.get(key)
+            if cached is not None and cached[1] == size:
+                return cached[0]
+            local = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+            try:
+                mm = mmap.mmap(local, size)
+            finally:
+                os.close(local)
+            self._maps[key] = (mm, size)
+            return mm
 
     def fetch(self, call) -> Any:
         """``call(released_sids, more)`` performs the worker RPC; returns the contract
         object (CPU tensors), or ``None`` if the worker captured nothing."""
-        reply = call(self.take_released(), False)
+        early, self._early = self._early, None
+        try:
+            reply = call(self.take_released(), False)
+        except BaseException:
+            self._drop_early(early)
+            raise
+        if reply is None or "fallback" in reply or not reply["whole"]:
+            self._drop_early(early)
+            early = None
         if reply is None:
             return None
         if "fallback" in reply:
@@ -703,7 +890,7 @@ class ShmImporter:
         self._pool = int(reply.get("pool") or 0)
         if reply["whole"]:
             self._learn(_rows_bytes(reply))
-            return self._views(reply)
+            return self._views(reply, early)
         owned: dict = {}
         regions: dict = {}
         total = 0
@@ -768,10 +955,11 @@ class ShmImporter:
                 self._held.update(sizes)
         return over
 
-    def _views(self, reply: dict) -> Any:
+    def _views(self, reply: dict, early: _early.EarlyCopy | None = None) -> Any:
         arrays = self._arrays(reply)
         if self.handoff and not self._hand_over_now(reply):
-            return self._copy_ahead(reply, arrays)
+            return self._copy_ahead(reply, arrays, early)
+        self._drop_early(early)
         if self.handoff:
             self.stats["handed_over"] += 1
         make = _handoff.hand_over if self.handoff else _handoff.plain
@@ -784,9 +972,11 @@ class ShmImporter:
         del arrays
         return self._assemble(reply["contract"], result)
 
-    def _copy_ahead(self, reply: dict, arrays: dict) -> Any:
+    def _copy_ahead(self, reply: dict, arrays: dict,
+                    early: _early.EarlyCopy | None = None) -> Any:
         """Copy a call into driver memory on :attr:`copy_threads` threads, release its
         segments at once, and hand speculators that memory (its clone takes it over).
+        Rows an ``early`` copy already took while the model ran are not copied again.
 
         Why: where earlier results hold the pool, handing this call's segments over
         would make the worker make and pin fresh ones beside every forward (on the H200
@@ -799,14 +989,25 @@ class ShmImporter:
         t0 = time.perf_counter()
         pairs, result = [], {}
         try:
+            done = None
+            if early is not None:
+                done = early.finish(reply, arrays, _early_nbytes)
+                self.stats["early_calls" if done else "early_dropped"] += 1
+                if done:
+                    self.stats["early_bytes"] += early.copied
             for key, slot, sid, off, shape, dtype_name, _start, _total in reply["items"]:
                 dtype = getattr(torch, dtype_name.removeprefix("torch."))
                 if sid is None:
                     result.setdefault(key, {})[slot] = torch.empty(shape, dtype=dtype)
                     continue
-                dst = self._owned(shape, dtype)
-                pairs.append((arrays[sid][off:off + dst.nbytes], dst))
+                if done:
+                    dst = done[0][(key, slot)]
+                else:
+                    dst = self._owned(shape, dtype)
+                    pairs.append((arrays[sid][off:off + dst.nbytes], dst))
                 result.setdefault(key, {})[slot] = _handoff.hand_over(dst, dtype, shape)
+            if done:
+                pairs = done[1]  # the rows the early copy had not reached: (src, dst)
             self._copy(pairs)
         finally:  # nothing refers to the segments now, even if the copy failed
             for sid in arrays:
@@ -868,6 +1069,7 @@ class ShmImporter:
         return {rid: layers(slots) for rid, slots in by_key.items()}
 
     def close(self) -> None:
+        self._drop_early()
         if self._copier is not None:
             self._copier.shutdown(wait=True)
             self._copier = None

@@ -67,22 +67,28 @@ class _CompatHiddenStatesExtension:
         if exporter is not None and released:
             exporter.release(released)
 
-    def _compat_reset_capture(self, plan=(), released=()) -> None:
+    def _compat_reset_capture(self, plan=(), released=(), token=None) -> dict | None:
         """speculators' ``_reset_capture`` with the call's plan (request ids and prompt
         lengths in input order) from the shim's driver: rows then stream into shared
-        memory while the model runs (:class:`speculators_compat._transport.StreamingSink`)."""
+        memory while the model runs (:class:`speculators_compat._transport.StreamingSink`).
+        With a ``token``, the sink also publishes landed rows on the exporter's board for
+        the driver's early copy (:mod:`speculators_compat._early`); the reply says where
+        the board is."""
         self._release_segments(released)
         self._reset_capture()
         cap = self._capture()
         if not cap.enabled or not plan:
-            return
+            return None
         exporter = self._compat_exporter_of_worker()
         exporter.new_call()
-        cap.sink = _transport.StreamingSink(exporter, plan, len(cap.layer_ids), self.CONTRACT)
+        board = exporter.board(token)
+        cap.sink = _transport.StreamingSink(exporter, plan, len(cap.layer_ids), self.CONTRACT,
+                                            board=board)
         # Memory for this call and the next one of its size, made beside this forward
         # (15 % for the segment ends the layout leaves unused).
         call_bytes = exporter.token_bytes * sum(int(n) for _, n in plan)
         exporter.grow_ahead(call_bytes * 23 // 10)
+        return None if board is None else {_transport.MARKER: 1, "board": board.info()}
 
     def _compat_export_states(self, released=(), more: bool = False) -> dict | None:
         """The shared-memory transport's RPC (see :mod:`speculators_compat._transport`):

@@ -142,8 +142,14 @@ class ShmTransport(GeneratorAdapter):
                     importer = importer_of(self)
                     importer.prepare_call(sum(n for _, n in plan))
                     released = importer.take_released()
-                    return base.collective_rpc(self, _transport.RESET_RPC,
-                                               **{**kwargs, "args": (plan, released)})
+                    token = importer.next_token()
+                    replies = base.collective_rpc(self, _transport.RESET_RPC,
+                                                  **{**kwargs, "args": (plan, released, token)})
+                    importer.begin_call(replies, plan)
+                    # speculators' _reset_capture answers None from every rank
+                    if isinstance(replies, list):
+                        return [None if _transport.is_reply(r) else r for r in replies]
+                    return None if _transport.is_reply(replies) else replies
             if (method != CAPTURED_STATES_RPC or plain
                     or kwargs.get("unique_reply_rank") is None):
                 return base.collective_rpc(self, method, *args, **kwargs)
