@@ -40,8 +40,8 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: Words (int64) of a board: 1 MiB, room for about 60,000 requests x layers.
 WORDS = 1 << 17
