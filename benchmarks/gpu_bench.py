@@ -443,7 +443,7 @@ def _load_tokens(p: dict) -> tuple[list[list[int]], list[list[int]]]:
 def _child_result_base(p: dict) -> dict:
     return {"mode": p["mode"], "round": p["round"], "tp": p.get("tp", 1),
             "hold": p.get("hold", "all"), "memory_ahead": p.get("memory_ahead", True),
-            "huge_pages": p.get("huge_pages", True),
+            "huge_pages": p.get("huge_pages", True), "early_copy": p.get("early_copy", True),
             "versions": _versions(), "device": _device_info(), "pid": os.getpid(),
             "passes": []}
 
@@ -506,11 +506,14 @@ def child_b(p: dict) -> None:
     import speculators_compat
 
     report = speculators_compat.activate()
-    from speculators_compat import _fresh
+    from speculators_compat import _early, _fresh
 
-    # Measurements, not settings (--no-memory-ahead, --no-huge-pages): the transport's
-    # copies go into ordinary memory, so the steps run with no pages made beside them; or
-    # the memory made ahead is made in ordinary pages.
+    # Measurements, not settings (--no-memory-ahead, --no-huge-pages, --no-early-copy): the
+    # transport's copies go into ordinary memory, so the steps run with no pages made
+    # beside them; or the memory made ahead is made in ordinary pages; or no row is copied
+    # before the states arrive.
+    if not p.get("early_copy", True):
+        _early.ENABLED = False
     if not p.get("memory_ahead", True):
         _fresh.FreshMemory.prepare = lambda self, nbytes: None
     if not p.get("huge_pages", True):
@@ -611,9 +614,11 @@ def child_b(p: dict) -> None:
 
 #: Driver transport counters recorded per call (differences), to split a call's time into
 #: the transport's part and the rest (the steps).
-CALL_KEYS = ("fetch_s", "copy_s", "after_fetch_s", "handed_over", "copied_ahead")
+CALL_KEYS = ("fetch_s", "copy_s", "after_fetch_s", "handed_over", "copied_ahead",
+             "early_bytes", "early_calls")
 #: Driver transport counters that count calls or bytes (reported per pass, as differences).
-COUNTED = ("handed_over", "copied_ahead", "clone_copied", "fresh_bytes", "trimmed_bytes")
+COUNTED = ("handed_over", "copied_ahead", "clone_copied", "fresh_bytes", "trimmed_bytes",
+           "early_bytes", "early_calls", "early_dropped")
 
 
 def _driver_stats(gen) -> dict | None:
@@ -1052,7 +1057,7 @@ class Parent:
                 "c_chunked_prefill": a.c_chunked_prefill, "c_layer_offset": a.c_layer_offset,
                 "tp": a.tp, "hidden_size": (build.get("config") or {}).get("hidden_size"),
                 "hold": a.hold, "memory_ahead": not a.no_memory_ahead,
-                "huge_pages": not a.no_huge_pages}
+                "huge_pages": not a.no_huge_pages, "early_copy": not a.no_early_copy}
         checks = any(m.startswith(("b:", "c")) for m in modes)
         reserve = a.reserve_compare if checks else 0.0
         for r in range(a.rounds):
@@ -1154,12 +1159,16 @@ def _run_mode(r: dict) -> str:
             mode = f"{mode}|zc"
             if any("copied_ahead" in (ps.get("driver") or {}) for ps in r.get("passes", [])):
                 mode = f"{mode}|ca"  # held calls copied into memory made during the forward
+            if any((ps.get("driver") or {}).get("early_calls") for ps in r.get("passes", [])):
+                mode = f"{mode}|ec"  # rows copied while the model ran
         if r.get("hold") == "call":
             mode = f"{mode}|hc"
         if r.get("memory_ahead") is False:
             mode = f"{mode}|nma"
         elif r.get("huge_pages") is False:
             mode = f"{mode}|nhp"
+        if r.get("early_copy") is False:
+            mode = f"{mode}|nec"
     tp = r.get("tp") or 1
     return f"{mode}|tp{tp}" if tp != 1 and mode else mode
 
@@ -1211,7 +1220,9 @@ def _b_version(mode: str, what: str) -> str:
             + (f", {threads} copy threads" if threads and ("zc" not in tags or "ca" in tags)
                else "")
             + (", results dropped per call" if "hc" in tags else "")
-            + (", memory made ahead without huge pages" if "nhp" in tags else ""))
+            + (", memory made ahead without huge pages" if "nhp" in tags else "")
+            + (", rows copied while the model ran" if "ec" in tags else "")
+            + (", early copy off" if "nec" in tags else ""))
 
 
 def _label(mode: str) -> str:
@@ -1369,19 +1380,23 @@ def _call_split_table(docs: list[dict]) -> list[str]:
                     call = sum(c for c, _ in sel) / n
                     fetch = sum(dc.get("fetch_s", 0) for _, dc in sel) / n
                     copy = sum(dc.get("copy_s", 0) for _, dc in sel) / n
+                    early = (sum(dc.get("early_bytes", 0) for _, dc in sel) / n / 2**20
+                             if any("early_bytes" in dc for _, dc in sel) else None)
                     after = sum(dc.get("after_fetch_s", 0) for _, dc in sel) / n
                     a = a_call.get(ps["batch"])
                     rows.append(f"| {fi + 1} | {_label(_run_mode(r))} | {ps['batch']} | {kind} "
                                 f"| {n} | {call:.3f} | {call - fetch - after:.3f} | "
-                                f"{fetch:.3f} | {copy:.3f} | {after:.3f} | "
+                                f"{fetch:.3f} | {copy:.3f} | "
+                                f"{'' if early is None else f'{early:.0f}'} | {after:.3f} | "
                                 f"{'' if a is None else f'{a:.3f}'} |")
     if not rows:
         return []
     return ["", "Where a (b) call's time goes (means per call; steps = the call minus the "
             "transport's part in the driver; (a): vLLM's own mean call, same file and batch):",
             "", "| file | path | batch | calls | n | call s | steps s | states to the driver s "
-            "| of which copy s | after they arrived s | (a) call s |",
-            "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|", *rows]
+            "| of which copy s | MiB copied during the steps | after they arrived s "
+            "| (a) call s |",
+            "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|", *rows]
 
 
 def _gib(nbytes) -> str:
@@ -1621,6 +1636,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-huge-pages", action="store_true",
                    help="(b): the memory made ahead without MADV_HUGEPAGE (a measurement: "
                         "whether huge-page faults beside the forward slow the steps)")
+    p.add_argument("--no-early-copy", action="store_true",
+                   help="(b): no row is copied into the driver before the states arrive (a "
+                        "measurement: what copying them while the model runs saves)")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor_parallel_size of every mode's engine (needs that many GPUs)")
     p.add_argument("--tiny", action="store_true", help="tiny Llama, few sequences (CPU test)")

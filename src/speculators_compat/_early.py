@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +51,9 @@ TOKEN, READY, DEAD, NPLAN, NLAYERS, ROW_BYTES, NSEG, IS_LIST = range(8)
 HEADER = 8
 #: How often the driver's thread looks at the board while nothing is new.
 POLL_S = 0.002
+#: Copy rows early at all. The GPU benchmark turns it off to measure what it saves
+#: (``gpu_bench --no-early-copy``); not a setting.
+ENABLED = True
 
 
 def _words(mm):
@@ -108,10 +112,14 @@ class Board:
         w[READY] = 1
         return True
 
-    def landed(self, i: int, rows: int) -> None:
-        """Request ``i``'s prompt rows ``0..rows`` are in shared memory, every layer."""
-        if self._n and 0 <= i < self._n:
-            self.w[HEADER + i] = rows
+    def landed(self, ends, token: int) -> None:
+        """``ends``: (request ``i``, ``rows``): request ``i``'s prompt rows ``0..rows``
+        are in shared memory, every layer; for the call ``token`` only."""
+        if token != self.token or not self._n:
+            return
+        for i, rows in ends:
+            if 0 <= i < self._n:
+                self.w[HEADER + i] = rows
 
     def kill(self) -> None:
         """Rows of this call may be rewritten (or were never placed): publish nothing."""
@@ -128,6 +136,48 @@ class Board:
         except BufferError:
             pass
         os.close(self.fd)
+
+
+class Lander:
+    """Worker side: publishes a step's rows on the board as soon as their copies to
+    shared memory completed, from a thread that waits on the side stream's events (with
+    blocking sync: it sleeps), so that the worker's main thread never waits and the rows
+    of a step are published while the model still runs the rest of it."""
+
+    def __init__(self, board: Board) -> None:
+        self.board = board
+        self.token = board.token
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def after(self, event, ends) -> None:
+        """Publish ``ends`` once ``event`` (recorded after their copies) has fired."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name="speculators-compat-lander")
+            self._thread.start()
+        self._queue.put((event, ends))
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            event, ends = item
+            try:
+                event.synchronize()  # releases the GIL
+            except Exception:  # noqa: BLE001 - publish nothing more; the end copies the rest
+                while self._queue.get() is not None:
+                    pass
+                return
+            self.board.landed(ends, self.token)
+
+    def close(self) -> None:
+        """Publish what is queued and stop (before the board serves another call)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
 
 
 def read_layout(w, plan_len: int) -> dict | None:

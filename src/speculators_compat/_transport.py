@@ -484,7 +484,7 @@ class StreamingSink:
         self._index = {rid: i for i, (rid, _) in enumerate(self.plan)}
         self._written = [0] * len(self.plan)  # rows written (every layer), per request
         self._step: list[tuple[int, int, int]] | None = None  # this step's (i, pos, rows)
-        self._landing: deque = deque()  # (CUDA event, [(i, rows)]) not yet published
+        self._lander = _early.Lander(board) if board is not None else None
 
     def _allocate(self, sample) -> None:
         self.dst = {}
@@ -559,21 +559,12 @@ class StreamingSink:
             self._written[i] = end
         return ends
 
-    def _publish_landed(self) -> None:
-        """Publish the rows of steps whose copies to shared memory have completed."""
-        while self._landing and self._landing[0][0].query():
-            _, ends = self._landing.popleft()
-            if self.board is not None and not self.board.dead:
-                for i, end in ends:
-                    self.board.landed(i, end)
 
     def write(self, slot: int, entries) -> None:
         """``entries``: (request id, prompt position, rows) of one layer in one step."""
         if not self.ok:
             return
         t0 = time.perf_counter()
-        if self._landing:
-            self._publish_landed()
         try:
             if self.dst is None:
                 self._allocate(entries[0][2])
@@ -600,15 +591,14 @@ class StreamingSink:
                 for dst, rows in pairs:
                     dst.copy_(rows, non_blocking=True)
                 if ends:
-                    landed = torch.cuda.Event()
+                    landed = torch.cuda.Event(blocking=True)
                     landed.record(stream)
-                    self._landing.append((landed, ends))
+                    self._lander.after(landed, ends)
         else:
             for dst, rows in pairs:
                 dst.copy_(rows)
-            if ends and not self.board.dead:
-                for i, end in ends:
-                    self.board.landed(i, end)
+            if ends:
+                self.board.landed(ends, self.board.token)
         self.exporter.stats["write_s"] += time.perf_counter() - t0
 
     def _off(self) -> None:
@@ -618,10 +608,14 @@ class StreamingSink:
             self.board.kill()
 
     def wait(self) -> None:
+        """The side stream's copies are done and every landed step is published (before
+        the rows are freed, described, or the board serves another call)."""
         if self._cuda:
             t0 = time.perf_counter()
             self.exporter.side_stream().synchronize()
             self.exporter.stats["wait_s"] += time.perf_counter() - t0
+        if self._lander is not None:
+            self._lander.close()
 
     def describe(self, order: list[str], lengths: dict[str, int]) -> dict | None:
         """The descriptor of the streamed rows when they are exactly what the capture
@@ -750,7 +744,7 @@ class ShmImporter:
         """The token of the call that starts (passed with the reset), or ``None`` where
         this call will not be copied (nothing to copy early)."""
         self._drop_early()
-        if not self._copy_expected:
+        if not self._copy_expected or not _early.ENABLED:
             return None
         self._token = (self._token + 1) & ((1 << 62) - 1)
         return self._token

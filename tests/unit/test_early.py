@@ -193,3 +193,38 @@ def test_a_call_that_ends_before_the_thread_looked_still_uses_its_layout(monkeyp
     got = call.fetch()
     assert _equal(got, call.want())
     assert (call.importer.stats["early_calls"], call.early.copied) == (1, 0)
+
+
+class _FakeEvent:
+    """A CUDA event stand-in: ``synchronize()`` blocks until the test fires it."""
+
+    def __init__(self):
+        self.fired = __import__("threading").Event()
+
+    def synchronize(self):
+        assert self.fired.wait(10)
+
+
+def test_the_lander_publishes_a_step_only_after_its_copies_completed():
+    board = _early.Board()
+    board.start(11)
+    assert board.publish_layout(1, 64, False, [[(0, 0)], [(0, 640)]], {0: (3, 1 << 20)})
+    lander = _early.Lander(board)
+    first, second = _FakeEvent(), _FakeEvent()
+    lander.after(first, [(0, 4), (1, 2)])
+    lander.after(second, [(0, 9)])
+    time.sleep(0.05)
+    landed = lambda: board.w[_early.HEADER:_early.HEADER + 2].tolist()  # noqa: E731
+    assert landed() == [0, 0]  # nothing fired: nothing published
+    first.fired.set()
+    deadline = time.time() + 10
+    while landed() != [4, 2]:
+        assert time.time() < deadline, landed()
+        time.sleep(0.005)
+    second.fired.set()
+    lander.close()  # publishes what is queued, then stops
+    assert landed() == [9, 2]
+    board.start(12)  # the next call: a late publish of the old call changes nothing
+    board.landed([(0, 5)], 11)
+    assert board.w[_early.HEADER] == 9 and board.token == 12
+    board.close()
