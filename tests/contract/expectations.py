@@ -161,6 +161,11 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
         lambda e: _status(e.vllm >= (V("0.11.1.dev0") if e.speculators_03
                                      else V("0.12.0.dev0"))),
         "vLLM pickles collective_rpc replies (CUDA tensors through torch.save)"),
+    "request_metadata_in_driver": (
+        # Follows hook_capture (the shim's extension ignores the counts); only 0.4.x sends
+        # them.
+        lambda e: _status(e.speculators_04 and e.vllm >= V("0.12.0.dev0")),
+        "speculators 0.4.x sends every step's token counts to the workers"),
     "generate_guard": (
         # speculators' own generate() hazard, independent of the vLLM release.
         lambda e: _status(e.speculators < V("0.5.0.dev0")),

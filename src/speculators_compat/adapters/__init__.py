@@ -21,6 +21,7 @@ from .kv_cache_specs_kwarg import KVCacheSpecsKwarg
 from .no_gpu_kv_sizing import NoGpuKVSizing
 from .prefix_caching_off import PrefixCachingOff
 from .request_eos_token_id import RequestEosTokenId
+from .request_metadata_in_driver import RequestMetadataInDriver
 from .result_order_natural import ResultOrderNatural
 from .scheduler_block_size import SchedulerBlockSize
 from .scheduler_config_encoder_decoder import SchedulerConfigEncoderDecoder
@@ -57,6 +58,7 @@ ADAPTERS: list[Adapter] = [
     RequestEosTokenId(),
     KVCacheLayoutResolution(),
     ExecutorSampleTokens(),
+    RequestMetadataInDriver(),
     ShmTransport(),  # inside collective_rpc_unique_reply: it sees vLLM's reply convention
     CollectiveRpcUniqueReply(),
     ExecutorWarmupSplit(),
