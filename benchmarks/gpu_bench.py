@@ -840,6 +840,9 @@ def child_compare(p: dict) -> None:
              for n, f in names.items()}
     res = {"mode": "compare", "files": files, "pairs": pairs,
            "ok": bool(pairs) and all(v.get("ok") for v in pairs.values())}
+    if not pairs:  # e.g. one (b) alone in a call: said as such, not as a failed child
+        res["nothing_to_compare"] = True
+        res["error"] = f"nothing to compare: check files {sorted(names) or 'none'}"
     _write_json(Path(p["result"]), res)
 
 
@@ -999,8 +1002,9 @@ class Parent:
             res.setdefault("error", f"child exited with {rc}" + (
                 " after the passes listed" if res.get("passes") else " and no result"))
             res["log_tail"] = lfile.read_text(errors="replace")[-CHILD_LOG_TAIL:]
-        print(f"[{time.time() - self.t0:6.0f}s] {'ok  ' if res.get('ok') else 'FAIL'} {tag} "
-              f"{summary_line(res)}", flush=True)
+        status = ("ok  " if res.get("ok") else
+                  "none" if rc == 0 and res.get("nothing_to_compare") else "FAIL")
+        print(f"[{time.time() - self.t0:6.0f}s] {status} {tag} {summary_line(res)}", flush=True)
         return res
 
     def main(self) -> int:
