@@ -139,3 +139,26 @@ def test_segments_the_driver_released_are_freed_while_the_capture_is_off(fake_tp
         assert not second.leased
     finally:
         exporter.close()
+
+
+def test_reset_with_a_token_starts_the_board_and_says_where_it_is(fake_tp):
+    """The driver's early copy (``speculators_compat._early``) reads the board the reset
+    names; without a token (no copy expected) there is no board and no reply."""
+    import os
+
+    from speculators_compat import _early, _transport
+
+    w = worker(ByRequestContractExtension)
+    exporter = w._compat_exporter = _transport.ShmExporter(chunk_bytes=1 << 20)
+    try:
+        assert w._compat_reset_capture([("req_0_0", 3)], [], None) is None
+        assert w._compat_capture.sink.board is None
+        reply = w._compat_reset_capture([("req_0_0", 3)], [], 41)
+        assert _transport.is_reply(reply)
+        board = reply["board"]
+        assert board["pid"] == os.getpid() and board["bytes"] == _early.WORDS * 8
+        assert w._compat_capture.sink.board is exporter._board
+        assert exporter._board.w[_early.TOKEN] == 41 and not exporter._board.w[_early.READY]
+    finally:
+        w._reset_capture()
+        exporter.close()
