@@ -29,7 +29,11 @@ Why it cannot return a wrong row:
   marks the board dead, and the driver copies the whole call after the states arrive;
 - the early copies count only if the final reply (an RPC: a full synchronisation
   point) names the same token, and the layout the thread read equals the reply's item by
-  item; otherwise they are dropped and the whole call is copied, as before.
+  item; otherwise they are dropped and the whole call is copied, as before;
+- ordering: the worker writes a request's count only after its rows are in memory (a
+  completed event or a synchronous copy); the driver's thread reads the counts, then
+  copies with numpy, which releases the GIL (a lock: a full barrier) before it reads the
+  rows.
 
 Applies when: the driver copies a call (results held, :meth:`ShmImporter.prepare_call`
 predicted a copy) and the rows were streamed. Nothing here touches CUDA in the driver.
