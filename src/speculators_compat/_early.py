@@ -216,6 +216,7 @@ class EarlyCopy:
         self._owned = owned
         self.layout: dict | None = None
         self.regions: dict[tuple[Any, int], Any] = {}
+        self.arrays: dict[int, Any] = {}  # the layout's segments, as the driver maps them
         self.dst: dict[tuple[int, int], tuple[tuple[Any, int], int]] = {}
         self.done = [0] * len(self.plan)
         self.copied = 0

@@ -559,7 +559,6 @@ class StreamingSink:
             self._written[i] = end
         return ends
 
-
     def write(self, slot: int, entries) -> None:
         """``entries``: (request id, prompt position, rows) of one layer in one step."""
         if not self.ok:

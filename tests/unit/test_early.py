@@ -8,6 +8,7 @@ mappings as across processes; tests/e2e/test_transport.py runs them in real vLLM
 from __future__ import annotations
 
 import gc
+import threading
 import time
 
 import pytest
@@ -133,11 +134,16 @@ def test_a_recomputed_prompt_drops_the_early_copies():
     assert call.importer.stats["early_dropped"] == 1
 
 
-def test_early_copies_of_another_call_are_never_used():
+def _ended_call():
+    """A call whose rows were all copied early, and its final reply."""
     call = _Call(_states())
     call.step(0, 12)
     call.wait_copied(12)
-    reply = call.sink.describe(list(call.states), dict(call.plan))
+    return call, call.sink.describe(list(call.states), dict(call.plan))
+
+
+def test_early_copies_of_another_call_are_never_used():
+    call, reply = _ended_call()
     reply["board"] += 1  # a reply that is not this call's
     got = call.importer.fetch(lambda released, more: reply)
     assert _equal(got, call.want())
@@ -145,10 +151,7 @@ def test_early_copies_of_another_call_are_never_used():
 
 
 def test_a_layout_that_differs_from_the_reply_is_not_used():
-    call = _Call(_states())
-    call.step(0, 12)
-    call.wait_copied(12)
-    reply = call.sink.describe(list(call.states), dict(call.plan))
+    call, reply = _ended_call()
     key, slot, sid, off, shape, dtype, start, total = reply["items"][0]
     assert call.early.finish(dict(reply, items=[(key, slot, sid, off + 64, shape, dtype,
                                                  start, total)] + reply["items"][1:]),
@@ -199,7 +202,7 @@ class _FakeEvent:
     """A CUDA event stand-in: ``synchronize()`` blocks until the test fires it."""
 
     def __init__(self):
-        self.fired = __import__("threading").Event()
+        self.fired = threading.Event()
 
     def synchronize(self):
         assert self.fired.wait(10)

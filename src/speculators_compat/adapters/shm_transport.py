@@ -28,7 +28,10 @@ earlier results still hold about a call's worth of segments (a caller keeping ev
 result), the driver instead copies the call on up to 16 threads into memory it faulted in
 while the model ran (``speculators_compat._fresh``) and the segments come back at once:
 kept segments would make the worker make and pin new ones beside every forward, which
-was slower on the H200. Set ``SPECULATORS_COMPAT_ZERO_COPY=0`` to let speculators copy.
+was slower on the H200. Most of that copy happens while the model still runs: the reset
+asks the capturing worker for a board on which it publishes each request's landed rows,
+and a driver thread copies them as they land (``speculators_compat._early``).
+Set ``SPECULATORS_COMPAT_ZERO_COPY=0`` to let speculators copy.
 Where shared memory cannot be used, the reply carries the states pickled, as before,
 and the driver logs why. vLLM's own callers of ``collective_rpc`` see no change. Where
 vLLM reduced the driver's intra-op threads when its executor started, the rest of a
