@@ -794,6 +794,15 @@ class ShmImporter:
             piece = np.empty(nbytes, dtype=np.uint8)
         return piece
 
+    def abandon_call(self) -> None:
+        """The call in flight failed or was interrupted: stop its early copy now (its
+        rows will never be used; the thread would otherwise poll the board and hold a
+        call's worth of driver memory until the next call starts) and forget what
+        :meth:`prepare_call` predicted. Local only: no RPC, so safe after Ctrl+C."""
+        self._drop_early()
+        self._copy_expected = False
+        self._call_tokens = 0
+
     def _drop_early(self, early: _early.EarlyCopy | None = None) -> None:
         """Stop an early copy whose rows will not be used."""
         early = early or self._early

@@ -79,6 +79,12 @@ def test_failed_model_step_leaks_nothing_into_the_next_call(errors, section):
     assert "injected failure" in info["failed"]["message"], info["failed"]
     empty = {"requests": 0, "running": 0, "waiting": 0, "deferred": 0}
     assert info["scheduler_after_failure"] == empty, info
+    # The failed call was one the driver copies (its rows would fill the 1 MiB pool
+    # twice over), so a thread copied its rows while the model ran: the failure stops it
+    # and drops what it copied (it ran on until the next call started before).
+    assert not info["early_copy_left_running"], info
+    stats = info["failed_call_stats"]
+    assert (stats["early_calls"], stats["early_dropped"]) == (0, 1), stats
     nxt = info["next_call"]
     assert "raised" not in nxt, nxt
     assert nxt["returned"] == nxt["expected"] == 12, nxt

@@ -189,6 +189,19 @@ def test_a_failed_call_stops_its_early_copy():
     gc.collect()
 
 
+def test_a_call_abandoned_before_its_states_were_fetched_stops_its_early_copy():
+    """A model step raised (or Ctrl+C) before the export: ``generate()``'s failure
+    ends the call in the transport; the thread must not poll on until the next call."""
+    call = _Call(_states())
+    call.step(0, 4)
+    call.wait_copied(4)
+    call.importer.abandon_call()
+    assert not call.early._thread.is_alive() and call.importer._early is None
+    assert call.importer.stats["early_dropped"] == 1
+    assert not call.importer._copy_expected and call.importer.next_token() is None
+    gc.collect()
+
+
 def test_a_call_that_ends_before_the_thread_looked_still_uses_its_layout(monkeypatch):
     monkeypatch.setattr(_early.EarlyCopy, "start", lambda self: self)  # never runs
     call = _Call(_states())

@@ -199,6 +199,7 @@ class ShmTransport(GeneratorAdapter):
 
         patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", link)
         patcher.wrap(gen.VllmHiddenStatesGenerator, "generate", _copy_threads)
+        patcher.wrap(gen.VllmHiddenStatesGenerator, "generate", _abandon_failed_call)
 
 
 def transport_copy_threads() -> int:
@@ -249,6 +250,21 @@ def _raise_copy_threads(executor, importer) -> None:
     torch.set_num_threads(call["threads"])
     call["raised"] = time.perf_counter()
     importer.stats["copy_threads"] = call["threads"]
+
+
+def _abandon_failed_call(wrapped, instance, args, kwargs):
+    """A ``generate()`` that raises (a failed step, Ctrl+C) ends its call in the
+    transport at once (:meth:`~speculators_compat._transport.ShmImporter.abandon_call`):
+    the thread copying its rows while the model ran stops, rather than polling until the
+    next call starts."""
+    try:
+        return wrapped(*args, **kwargs)
+    except BaseException:
+        importer = getattr(getattr(instance, "executor", None), "__dict__", {}).get(
+            "_compat_importer")
+        if importer is not None:
+            importer.abandon_call()
+        raise
 
 
 def _copy_threads(wrapped, instance, args, kwargs):

@@ -5,7 +5,8 @@ Usage: errors.py --out FILE --model PATH
 One generator, in this order: bad input (refused before anything runs); a good batch
 after those; a 40-sequence call whose first model step raises (injected on the
 generator's executor instance), then a 12-sequence call checked against transformers;
-the same with the second step raising (rows of the first already in shared memory);
+the same with the second step raising (rows of the first already in shared memory;
+both failed calls are ones the driver copies, so each ran a thread copying rows early);
 a call interrupted by KeyboardInterrupt (no RPC, generator unusable afterwards);
 deactivate() and a new activate() while the generator is alive (refused).
 """
@@ -122,12 +123,18 @@ if __name__ == "__main__":
             return type(ex).execute_model(ex, *args, **kwargs)
 
         ex.execute_model = execute_model
+        at_start = transport_stats() or {}
         try:
             failed = attempt(lambda: gen.generate(make_sequences(40, seed=seed, min_len=5,
                                                                  max_len=40)))
         finally:
             del ex.execute_model
         info = {"failed": failed, "scheduler_after_failure": scheduler_state(gen)}
+        importer = gen.executor.__dict__.get("_compat_importer")
+        info["early_copy_left_running"] = getattr(importer, "_early", None) is not None
+        at_end = transport_stats() or {}
+        info["failed_call_stats"] = {k: at_end.get(k, 0) - at_start.get(k, 0) for k in (
+            "early_calls", "early_dropped", "early_bytes", "handed_over", "copied_ahead")}
         seqs = make_sequences(12, seed=seed + 1, min_len=next_len[0], max_len=next_len[1])
         before = transport_stats() or {}
         try:
