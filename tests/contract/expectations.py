@@ -166,6 +166,10 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
         # them.
         lambda e: _status(e.speculators_04 and e.vllm >= V("0.12.0.dev0")),
         "speculators 0.4.x sends every step's token counts to the workers"),
+    "block_hasher_unused": (
+        # Only 0.4.x passes a block_hasher; every vLLM it runs on defaults it to None.
+        lambda e: _status(e.speculators_04),
+        "speculators 0.4.x hashes every prompt block for a prefix cache it turns off"),
     "generate_guard": (
         # speculators' own generate() hazard, independent of the vLLM release.
         lambda e: _status(e.speculators < V("0.5.0.dev0")),

@@ -102,6 +102,10 @@ def test_batch_results_equal_single_and_repeat(llama_run):
     assert extra["single_max_abs_diff"] == 0.0, extra
     # Nothing accumulates in the workers across calls (only the last call's one request).
     assert max(extra["runner_requests_held"]) <= 1, extra
+    # speculators 0.4 made its requests without block hashes (prefix caching is off:
+    # nothing reads them), so the results above come from requests vLLM's engine makes.
+    want = "none" if installed("speculators").startswith("0.4") else "absent"
+    assert extra["block_hasher"] == want, extra
 
 
 def test_adapters_reach_spawned_workers(llama_run):

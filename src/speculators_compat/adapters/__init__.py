@@ -8,6 +8,7 @@ rebind names inside it (wrappers stack in this order, the last one outermost).
 from __future__ import annotations
 
 from .._core import Adapter
+from .block_hasher_unused import BlockHasherUnused
 from .collective_rpc_unique_reply import CollectiveRpcUniqueReply
 from .cpu_block_size import CPUBlockSize
 from .executor_sample_tokens import ExecutorSampleTokens
@@ -56,6 +57,7 @@ ADAPTERS: list[Adapter] = [
     SchedulerBlockSize(),
     SchedulerPrefillOnly(),
     RequestEosTokenId(),
+    BlockHasherUnused(),
     KVCacheLayoutResolution(),
     ExecutorSampleTokens(),
     RequestMetadataInDriver(),

@@ -155,7 +155,11 @@ if __name__ == "__main__":
                               (preemption, a.preempt)) if on]
 
     def extra(gen, outputs):
-        found = {}
+        # speculators 0.4's per-request block hasher (adapter block_hasher_unused: none
+        # where prefix caching is off, as vLLM's own engine builds requests).
+        hasher = getattr(gen, "block_hasher", "absent")
+        found = {"block_hasher": hasher if hasher == "absent" else
+                 ("none" if hasher is None else "set")}
         for check in checks:
             found.update(check(gen, outputs))
         return found

@@ -1,0 +1,77 @@
+"""Contract of the ``block_hasher_unused`` adapter, on the installed vLLM and speculators.
+
+The probe agrees with the expectation table, apply/revert restores identity and changes
+only the declared targets; the installed generator passes the hasher it builds to every
+``Request`` (0.4.x); the condition reads vLLM's own config classes (prefix caching off and
+no KV connector: no hasher; either on: the hasher stays); and the installed scheduler runs
+speculators 0.4's step loop on requests made without a hasher (what the generator does
+once the adapter applied), every prompt token scheduled once.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from ..support import (
+    BY_NAME,
+    build_vllm_config,
+    check_apply_then_revert,
+    check_probe_agrees_with_release,
+    drive_like_speculators_04,
+    kv_config_for,
+    make_request,
+    new_scheduler,
+    one,
+    resolved_config,
+)
+
+NAME = "block_hasher_unused"
+
+
+def test_probe_agrees_with_release(base):
+    check_probe_agrees_with_release(base, NAME)
+
+
+def test_apply_then_revert_restores_identity(base):
+    check_apply_then_revert(base, NAME)
+
+
+def test_generator_passes_its_hasher_to_every_request(base):
+    src = inspect.getsource(base.gen)
+    assert ("block_hasher=self.block_hasher" in src) == base.env.speculators_04
+    assert ("self.block_hasher = get_request_block_hasher(" in src) == base.env.speculators_04
+    init = base.gen.VllmHiddenStatesGenerator.__init__
+    with one(base, BY_NAME[NAME]) as applied:
+        assert (base.gen.VllmHiddenStatesGenerator.__init__ is not init) == applied
+    assert base.gen.VllmHiddenStatesGenerator.__init__ is init
+
+
+def test_condition_reads_vllms_config():
+    import vllm.config as vc
+
+    from speculators_compat.adapters.block_hasher_unused import hasher_unused
+
+    cfg = build_vllm_config()  # as speculators 0.4 builds it: prefix caching off
+    assert cfg.cache_config.enable_prefix_caching is False
+    assert hasher_unused(cfg)
+    on = build_vllm_config(cache_config=vc.CacheConfig(gpu_memory_utilization=0.8,
+                                                       enable_prefix_caching=True))
+    assert on.cache_config.enable_prefix_caching is True and not hasher_unused(on)
+    cfg.kv_transfer_config = object()  # any KV connector may read the hashes
+    assert not hasher_unused(cfg)
+    assert not hasher_unused(None)
+
+
+def test_scheduler_runs_requests_without_a_hasher(base):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    cfg = resolved_config(max_num_batched_tokens=64)
+    sched = new_scheduler(Scheduler, cfg, kv_config_for(cfg))
+    lens = {"req_0_0": 40, "req_0_1": 70, "req_0_2": 9}
+    for rid, n in lens.items():
+        req = make_request(rid, n)
+        # made without a hasher, as vLLM's engine makes them with prefix caching off
+        assert not getattr(req, "block_hashes", None)
+        sched.add_request(req)
+    assert drive_like_speculators_04(sched, lens) == lens
+    assert not sched.requests
