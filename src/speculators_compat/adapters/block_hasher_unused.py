@@ -6,10 +6,12 @@ Why: 0.4.x's generator builds ``get_request_block_hasher(...)`` and passes it to
 the request is made, in the driver, before the first step. The same generator builds
 its engine with ``enable_prefix_caching=False`` and no KV connector, so nothing reads
 those hashes; vLLM's own engine builds no hasher in that case (``EngineCore.__init__``:
-``if cache_config.enable_prefix_caching or kv_connector is not None``). Measured on this
-project's CPU machine (vLLM 0.32): making 32 requests of 768-1024 tokens took 8.7 ms with
-the hasher, 0.8-1.5 ms without; on the H200 benchmark each batch-32 call of 0.4.0.1
-spent 0.016-0.023 s more in its steps than 0.3.0's, which passes no hasher.
+``if cache_config.enable_prefix_caching or kv_connector is not None``). Measured with
+``benchmarks/request_hash_cost.py`` on this project's CPU machine (quiet): making the
+requests of a batch-32 call (768-1024 tokens each) took 4.4 ms (vLLM 0.32) and 7.1 ms
+(vLLM 0.16) with the hasher, 0.4 ms without. On the H200 benchmark each batch-32 call of
+0.4.0.1 spent 0.016-0.023 s more in its steps than 0.3.0's, which passes no hasher: this
+is part of that (not measured on the GPU machine).
 How: after speculators' ``__init__``, where the generator's config has prefix caching
 off and no ``kv_transfer_config``, its ``block_hasher`` attribute (read by
 ``generate()`` for each ``Request``) is set to ``None``: requests are made as vLLM's own
