@@ -1,0 +1,44 @@
+"""How benchmarks/gpu_bench.py decides issue 12's targets when files of several calls and
+machines are merged: from ratios measured in the same run, not from medians pooled over
+machines. Toy result files; no vLLM, no GPU."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gpu_bench_under_test",
+                                               ROOT / "benchmarks" / "gpu_bench.py")
+gb = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gb)
+
+B = "b:0.4.0.1"
+
+
+def _file(**tokens_per_s) -> dict:
+    """One call's file: one round of each mode given, batch 32."""
+    mode = {"a": "a", "c": "c", "b": B}
+    return {"runs": [{"mode": mode[k], "round": 0, "ok": True,
+                      "passes": [{"batch": 32, "tokens_per_s": v}]}
+                     for k, v in tokens_per_s.items()]}
+
+
+def test_b_against_c_is_judged_within_each_run():
+    # (b) beat (c) in both runs; a third machine's faster (c) alone would make the pooled
+    # medians say otherwise (101.5 / 110 = 0.92).
+    docs = [_file(a=100, c=90, b=92), _file(a=120, c=110, b=111), _file(c=130)]
+    ratio = gb.aggregate(docs)["ratios"][f"{B}@32/c@32"]
+    assert round(ratio["medians"], 3) == round(101.5 / 110, 3)
+    value, text = gb._target_ratio(ratio, " × (c)")
+    assert abs(value - (92 / 90 + 111 / 110) / 2) < 1e-12 and value >= 1.0
+    assert text == "1.016 × (c) (same run: 1.009–1.022, n 2)"
+    # (b)/(a) the same way
+    value, text = gb._target_ratio(gb.aggregate(docs)["ratios"][f"{B}@32/a@32"])
+    assert abs(value - (0.92 + 111 / 120) / 2) < 1e-12
+    assert text.endswith("(same run: 0.920–0.925, n 2)")
+
+
+def test_without_a_common_run_the_value_says_so():
+    docs = [_file(b=92), _file(c=110)]
+    value, text = gb._target_ratio(gb.aggregate(docs)["ratios"][f"{B}@32/c@32"], " × (c)")
+    assert round(value, 3) == round(92 / 110, 3)
+    assert text.endswith("(medians of different runs)")
