@@ -99,6 +99,8 @@ def test_failed_model_step_leaks_nothing_into_the_next_call(errors, section):
 def test_interrupt_issues_no_rpc_and_makes_the_generator_unusable(errors):
     info = _section(errors, "interrupted")
     assert info["raised"] == "KeyboardInterrupt", info
+    # the interrupted call's early copy stopped with it (no RPC needed)
+    assert not info["early_copy_left_running"], info
     assert info["rpcs_after_interrupt"] == [], info
     assert info["seconds"] < 5, info
     nxt = info["next_call"]

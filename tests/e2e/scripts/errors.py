@@ -169,13 +169,16 @@ if __name__ == "__main__":
         ex.collective_rpc, ex.execute_model = collective_rpc, execute_model
         t = time.perf_counter()
         try:
-            gen.generate(make_sequences(6, seed=13, min_len=5, max_len=20))
+            # 40 sequences: a call the driver copies, so its early copy runs
+            gen.generate(make_sequences(40, seed=13, min_len=5, max_len=40))
             raised = None
         except KeyboardInterrupt:
             raised = "KeyboardInterrupt"
         seconds = time.perf_counter() - t
         del ex.collective_rpc, ex.execute_model
+        importer = gen.executor.__dict__.get("_compat_importer")
         return {"raised": raised, "seconds": seconds,
+                "early_copy_left_running": getattr(importer, "_early", None) is not None,
                 "rpcs_after_interrupt": rpcs[mark[0]:] if mark else None,
                 "next_call": attempt(lambda: gen.generate([[5, 6, 7]]))}
 
