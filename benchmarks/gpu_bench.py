@@ -1014,8 +1014,20 @@ class Parent:
                     "check_seqs"):
             if getattr(a, key) is not None:
                 cfg[key] = getattr(a, key)
+        if a.model_layers is not None:
+            # A shallower model of the same width: the same bytes per captured layer and
+            # token, a forward about depth/32 as long. Stands in for a faster forward
+            # (tensor parallel 2) on one GPU; the layers follow the default pattern.
+            n = a.model_layers
+            if a.tiny or n < 4:
+                raise SystemExit("--model-layers needs the full-size model and at least 4")
+            cfg["model"] = {**cfg["model"], "num_hidden_layers": n}
+            cfg["layers"] = [2, n // 2, n - 3, n - 1]
         if a.layers:
             cfg["layers"] = [int(x) for x in a.layers.split(",")]
+        if max(cfg["layers"]) >= cfg["model"]["num_hidden_layers"]:
+            raise SystemExit(f"--layers {cfg['layers']}: the model has "
+                             f"{cfg['model']['num_hidden_layers']} layers")
         if sorted(set(cfg["layers"])) != cfg["layers"]:
             raise SystemExit("--layers must be ascending and unique (the native path returns "
                              "layers in ascending order)")
@@ -1033,6 +1045,8 @@ class Parent:
         tok_file = self.work / "tokens.json"
         _write_json(tok_file, {"seqs": toks["seqs"], "warmup": toks["warmup"]})
         ckpt_name = "llama3-8b-shape" if not a.tiny else "llama-tiny"
+        if a.model_layers is not None:
+            ckpt_name += f"-{a.model_layers}l"
         ckpt = Path(a.ckpt_dir or (self.work / "ckpt")) / ckpt_name
         self.doc.update(
             machine={"host": platform.node(), "platform": platform.platform(),
@@ -1598,12 +1612,25 @@ def render_svg(docs: list[dict]) -> str:
             f'<rect width="100%" height="100%" fill="white"/>' + "".join(parts) + "</svg>\n")
 
 
+def _depth(doc: dict) -> int | None:
+    """The measured model's decoder layer count (``--model-layers``; older files: 32)."""
+    cfg = (doc.get("build") or {}).get("config") or \
+        (doc.get("params") or {}).get("model_config") or {}
+    return cfg.get("num_hidden_layers")
+
+
 def render_main(a) -> int:
     docs = [json.loads(Path(f).read_text()) for f in a.files]
     shas = {(d.get("params") or {}).get("tokens_sha") for d in docs}
     if len(shas) > 1:
         print(f"warning: the files used different tokens ({shas}); merging anyway",
               file=sys.stderr)
+    depths = {_depth(d) for d in docs}
+    if len(depths) > 1:
+        # Rows are keyed by path, TP and batch, not by model: a shallower model's numbers
+        # (--model-layers) would be averaged into the full model's.
+        raise SystemExit(f"the files measured models of different depths ({sorted(depths)} "
+                         f"layers); render them separately")
     here = src_digest()
     for f, d in zip(a.files, docs):
         theirs = (d.get("shim") or {}).get("src_sha256_12")
@@ -1676,6 +1703,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--layers", default=None, help="comma-separated, ascending")
+    p.add_argument("--model-layers", type=int, default=None,
+                   help="build the full-width model with this many decoder layers instead "
+                        "of 32 (a faster forward on one GPU; layers 2, N/2, N-3, N-1)")
     p.add_argument("--check-seqs", type=int, default=None,
                    help="sequences whose hidden states (b) and (c) save for the comparison")
     p.add_argument("--seed", type=int, default=1234)

@@ -42,3 +42,23 @@ def test_without_a_common_run_the_value_says_so():
     value, text = gb._target_ratio(gb.aggregate(docs)["ratios"][f"{B}@32/c@32"], " × (c)")
     assert round(value, 3) == round(92 / 110, 3)
     assert text.endswith("(medians of different runs)")
+
+
+def test_render_refuses_to_merge_models_of_different_depths(tmp_path):
+    # A --model-layers run (a shallower stand-in for a faster forward) keys its rows like
+    # the full model's; merged, its tokens/s would be averaged into the 32-layer rows.
+    import argparse
+    import json
+
+    import pytest
+
+    full, half = _file(a=100, b=95), _file(a=200, b=150)
+    full["params"] = {"model_config": {"num_hidden_layers": 32}}
+    half["build"] = {"config": {"num_hidden_layers": 16}}
+    files = []
+    for name, doc in (("full", full), ("half", half)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+        files.append(str(tmp_path / f"{name}.json"))
+    args = argparse.Namespace(files=files, plot=None, update_docs=False, docs=None)
+    with pytest.raises(SystemExit, match=r"different depths \(\[16, 32\] layers\)"):
+        gb.render_main(args)
