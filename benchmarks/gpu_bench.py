@@ -1009,28 +1009,7 @@ class Parent:
 
     def main(self) -> int:
         a = self.a
-        cfg = dict(SMALL if a.tiny else FULL)
-        for key in ("num_seqs", "min_len", "max_len", "batches", "max_model_len",
-                    "check_seqs"):
-            if getattr(a, key) is not None:
-                cfg[key] = getattr(a, key)
-        if a.model_layers is not None:
-            # A shallower model of the same width: the same bytes per captured layer and
-            # token, a forward about depth/32 as long. Stands in for a faster forward
-            # (tensor parallel 2) on one GPU; the layers follow the default pattern.
-            n = a.model_layers
-            if a.tiny or n < 4:
-                raise SystemExit("--model-layers needs the full-size model and at least 4")
-            cfg["model"] = {**cfg["model"], "num_hidden_layers": n}
-            cfg["layers"] = [2, n // 2, n - 3, n - 1]
-        if a.layers:
-            cfg["layers"] = [int(x) for x in a.layers.split(",")]
-        if max(cfg["layers"]) >= cfg["model"]["num_hidden_layers"]:
-            raise SystemExit(f"--layers {cfg['layers']}: the model has "
-                             f"{cfg['model']['num_hidden_layers']} layers")
-        if sorted(set(cfg["layers"])) != cfg["layers"]:
-            raise SystemExit("--layers must be ascending and unique (the native path returns "
-                             "layers in ascending order)")
+        cfg = run_config(a)
         cfg["check_seqs"] = min(cfg["check_seqs"], cfg["num_seqs"])
         modes = expand_modes(a.modes, a.spec)
         smi = _nvidia_smi()
@@ -1044,10 +1023,7 @@ class Parent:
             shutil.rmtree(left, ignore_errors=True)  # files of a (c) child killed earlier
         tok_file = self.work / "tokens.json"
         _write_json(tok_file, {"seqs": toks["seqs"], "warmup": toks["warmup"]})
-        ckpt_name = "llama3-8b-shape" if not a.tiny else "llama-tiny"
-        if a.model_layers is not None:
-            ckpt_name += f"-{a.model_layers}l"
-        ckpt = Path(a.ckpt_dir or (self.work / "ckpt")) / ckpt_name
+        ckpt = Path(a.ckpt_dir or (self.work / "ckpt")) / checkpoint_name(a)
         self.doc.update(
             machine={"host": platform.node(), "platform": platform.platform(),
                      "cpus": os.cpu_count(), "nvidia_smi": smi, "thp": _thp()},
@@ -1126,6 +1102,40 @@ def _thp() -> dict:
         except OSError:
             out[name] = None
     return out
+
+
+def run_config(a) -> dict:
+    """The run's sizes, model and layers from the command line (``FULL`` or ``SMALL``,
+    overridden by the options); refuses layers the model does not have."""
+    cfg = dict(SMALL if a.tiny else FULL)
+    for key in ("num_seqs", "min_len", "max_len", "batches", "max_model_len",
+                "check_seqs"):
+        if getattr(a, key) is not None:
+            cfg[key] = getattr(a, key)
+    if a.model_layers is not None:
+        # A shallower model of the same width: the same bytes per captured layer and
+        # token, a forward about depth/32 as long. Stands in for a faster forward
+        # (tensor parallel 2) on one GPU; the layers follow the default pattern.
+        n = a.model_layers
+        if a.tiny or n < 4:
+            raise SystemExit("--model-layers needs the full-size model and at least 4")
+        cfg["model"] = {**cfg["model"], "num_hidden_layers": n}
+        cfg["layers"] = [2, n // 2, n - 3, n - 1]
+    if a.layers:
+        cfg["layers"] = [int(x) for x in a.layers.split(",")]
+    if max(cfg["layers"]) >= cfg["model"]["num_hidden_layers"]:
+        raise SystemExit(f"--layers {cfg['layers']}: the model has "
+                         f"{cfg['model']['num_hidden_layers']} layers")
+    if sorted(set(cfg["layers"])) != cfg["layers"]:
+        raise SystemExit("--layers must be ascending and unique (the native path returns "
+                         "layers in ascending order)")
+    return cfg
+
+
+def checkpoint_name(a) -> str:
+    """The checkpoint folder: one per model shape (``--model-layers`` gets its own)."""
+    name = "llama3-8b-shape" if not a.tiny else "llama-tiny"
+    return name if a.model_layers is None else f"{name}-{a.model_layers}l"
 
 
 def _nvidia_smi() -> str | None:
@@ -1669,6 +1679,16 @@ def main(argv: list[str] | None = None) -> int:
                        help="write the generated GPU block of --docs")
         p.add_argument("--docs", default=str(ROOT / "docs" / "performance.md"))
         return render_main(p.parse_args(argv[1:]))
+    a = run_parser().parse_args(argv)
+    a.spec = [(v, os.path.abspath(d)) for v, d in a.spec]
+    if any(m.strip() in ("b",) or m.strip().startswith("b:") for m in a.modes.split(",")) \
+            and not a.spec:
+        raise SystemExit("mode b needs at least one --spec VERSION=DIR")
+    return Parent(a).main()
+
+
+def run_parser() -> argparse.ArgumentParser:
+    """The options of a run (everything but ``render`` and ``--child``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu-bench-out"))
     p.add_argument("--json-name", default="gpu_bench.json")
@@ -1724,12 +1744,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reserve-compare", type=float, default=40,
                    help="seconds kept for the final comparison")
     p.add_argument("--python", default=sys.executable)
-    a = p.parse_args(argv)
-    a.spec = [(v, os.path.abspath(d)) for v, d in a.spec]
-    if any(m.strip() in ("b",) or m.strip().startswith("b:") for m in a.modes.split(",")) \
-            and not a.spec:
-        raise SystemExit("mode b needs at least one --spec VERSION=DIR")
-    return Parent(a).main()
+    return p
 
 
 if __name__ == "__main__":

@@ -62,3 +62,23 @@ def test_render_refuses_to_merge_models_of_different_depths(tmp_path):
     args = argparse.Namespace(files=files, plot=None, update_docs=False, docs=None)
     with pytest.raises(SystemExit, match=r"different depths \(\[16, 32\] layers\)"):
         gb.render_main(args)
+
+
+def test_model_layers_builds_a_shallower_model_with_its_own_checkpoint():
+    import pytest
+
+    parse = gb.run_parser().parse_args
+    full = parse([])
+    assert gb.run_config(full)["layers"] == [2, 16, 29, 31]
+    assert gb.run_config(full)["model"]["num_hidden_layers"] == 32
+    assert gb.checkpoint_name(full) == "llama3-8b-shape"
+    half = parse(["--model-layers", "16"])
+    cfg = gb.run_config(half)
+    assert cfg["model"]["num_hidden_layers"] == 16 and cfg["layers"] == [2, 8, 13, 15]
+    assert cfg["model"]["hidden_size"] == 4096  # the same width: the same bytes per token
+    assert gb.FULL["model"]["num_hidden_layers"] == 32  # the default left alone
+    assert gb.checkpoint_name(half) == "llama3-8b-shape-16l"
+    with pytest.raises(SystemExit, match="the model has 16 layers"):
+        gb.run_config(parse(["--model-layers", "16", "--layers", "2,16"]))
+    with pytest.raises(SystemExit, match="full-size model"):
+        gb.run_config(parse(["--model-layers", "16", "--tiny"]))
