@@ -1623,7 +1623,8 @@ def render_svg(docs: list[dict]) -> str:
 
 
 def _depth(doc: dict) -> int | None:
-    """The measured model's decoder layer count (``--model-layers``; older files: 32)."""
+    """The measured model's decoder layer count (``--model-layers``), from the build's
+    config or the run's parameters; ``None`` where a file records neither."""
     cfg = (doc.get("build") or {}).get("config") or \
         (doc.get("params") or {}).get("model_config") or {}
     return cfg.get("num_hidden_layers")

@@ -1,9 +1,14 @@
 """How benchmarks/gpu_bench.py decides issue 12's targets when files of several calls and
 machines are merged: from ratios measured in the same run, not from medians pooled over
-machines. Toy result files; no vLLM, no GPU."""
+machines; files of different model depths are not merged; ``--model-layers`` builds its
+own shallower model. Toy result files; no vLLM, no GPU."""
 
+import argparse
 import importlib.util
+import json
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gpu_bench_under_test",
@@ -47,11 +52,6 @@ def test_without_a_common_run_the_value_says_so():
 def test_render_refuses_to_merge_models_of_different_depths(tmp_path):
     # A --model-layers run (a shallower stand-in for a faster forward) keys its rows like
     # the full model's; merged, its tokens/s would be averaged into the 32-layer rows.
-    import argparse
-    import json
-
-    import pytest
-
     full, half = _file(a=100, b=95), _file(a=200, b=150)
     full["params"] = {"model_config": {"num_hidden_layers": 32}}
     half["build"] = {"config": {"num_hidden_layers": 16}}
@@ -65,8 +65,6 @@ def test_render_refuses_to_merge_models_of_different_depths(tmp_path):
 
 
 def test_model_layers_builds_a_shallower_model_with_its_own_checkpoint():
-    import pytest
-
     parse = gb.run_parser().parse_args
     full = parse([])
     assert gb.run_config(full)["layers"] == [2, 16, 29, 31]
