@@ -29,6 +29,7 @@ dropped), and it refuses any other gap or overlap rather than mislabel rows.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
@@ -65,6 +66,14 @@ def layer_output(output: Any, layer_idx: int) -> Any:
         f"speculators-compat: decoder layer {layer_idx} returned {type(output).__name__}, "
         "not (hidden_states, residual): its hidden states cannot be read by the capture. "
         "This architecture is not supported; please report it.")
+
+
+def _v1_runner_hint(lead: str = " Start") -> str:
+    """Advice to fall back to the V1 model runner, where this vLLM still has one (it was
+    removed in 0.34: ``VLLM_USE_V2_MODEL_RUNNER=0`` is then refused by vLLM)."""
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None:
+        return ""
+    return f"{lead} with VLLM_USE_V2_MODEL_RUNNER=0."
 
 
 def fp16_unscale_factor(layer: Any) -> float:
@@ -181,12 +190,12 @@ class LayerCapture:
                 raise CompatError(
                     f"speculators-compat: the model runner {type(runner).__name__} has no "
                     "`input_batch` (vLLM Model Runner V2), whose row order the capture "
-                    "cannot read yet. Start with VLLM_USE_V2_MODEL_RUNNER=0.")
+                    f"cannot read yet.{_v1_runner_hint()}")
             if getattr(runner, "pcp_manager", None) is not None:
                 raise CompatError(
                     "speculators-compat: prefill context parallelism splits each step's "
                     "rows across ranks; the capture does not support it under Model Runner "
-                    "V2. Start without it, or with VLLM_USE_V2_MODEL_RUNNER=0.")
+                    f"V2. Start without it.{_v1_runner_hint(' Or start')}")
         self._stale: set[str] = set()
         self.layer_ids = ids
         self._slot = {layer: i for i, layer in enumerate(ids)}
@@ -385,7 +394,7 @@ class LayerCapture:
                 raise CompatError(
                     "speculators-compat: Model Runner V2 ran a step without preparing its "
                     "batch through prepare_inputs; the row order is unknown, refusing to "
-                    "attribute rows. Start with VLLM_USE_V2_MODEL_RUNNER=0.")
+                    f"attribute rows.{_v1_runner_hint()}")
             return None
         n = int(batch.num_reqs)
         order = list(batch.req_ids)[:n]

@@ -97,6 +97,10 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
     "prefix_caching_off": (
         lambda e: _status(e.vllm >= V("0.12.0.dev0") and e.speculators_03),
         "CacheConfig.enable_prefix_caching defaults to True from 0.12 (0.4 sets it off)"),
+    "kv_cache_extensible_off": (
+        # verified: absent in 0.16 and 0.32 (CacheConfig), present in 0.34.0.
+        lambda e: _status(e.vllm >= V("0.34.0.dev0")),
+        "CacheConfig.enable_extensible_kv_cache (on by default on CUDA) from 0.34"),
     "cpu_block_size": (
         _cpu_block_size,
         "CPU attention kernels accept MultipleOf(32) only (0.29+); 16 worked before"),

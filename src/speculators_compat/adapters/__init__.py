@@ -16,6 +16,7 @@ from .executor_warmup_split import ExecutorWarmupSplit
 from .generate_guard import GenerateGuard
 from .hook_capture import HookCapture
 from .kv_cache_config_fields import KVCacheConfigFields
+from .kv_cache_extensible_off import KVCacheExtensibleOff
 from .kv_cache_helpers_relocated import KVCacheHelpersRelocated
 from .kv_cache_layout_resolution import KVCacheLayoutResolution
 from .kv_cache_specs_kwarg import KVCacheSpecsKwarg
@@ -50,6 +51,7 @@ ADAPTERS: list[Adapter] = [
     SchedulerConfigEncoderDecoder(),
     SchedulingSync(),
     PrefixCachingOff(),
+    KVCacheExtensibleOff(),
     CPUBlockSize(),
     KVCacheSpecsKwarg(),
     KVCacheConfigFields(),

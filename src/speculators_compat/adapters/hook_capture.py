@@ -17,7 +17,9 @@ attention on a GPU build), before any weights load. The capture reads both the V
 runner's ``input_batch`` and Model Runner V2's per-step batch; where the release has the
 switch, the generator's construction runs with ``VLLM_USE_V2_MODEL_RUNNER=0`` unless the
 user set it (V1 is the most tested path; ``=1`` is honoured), and the variable is
-restored afterwards (vLLM's own engines in the same process are unaffected). Which
+restored afterwards (vLLM's own engines in the same process are unaffected). vLLM 0.34
+removed Model Runner V1 (and with it the switch): there the V2 path is the only one, and
+the report says when a user's ``VLLM_USE_V2_MODEL_RUNNER=0`` cannot be honoured. Which
 extension a live generator's workers really run is asked from the workers themselves
 (``running_extensions``): ``generate_guard`` refuses a generator whose workers run
 another one than the current activation names (one built before ``activate()``).
@@ -30,6 +32,7 @@ Remove when: speculators < 0.5 support is dropped.
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
 
 from .. import worker_extension
@@ -78,7 +81,8 @@ class HookCapture(GeneratorAdapter):
     fail_closed = True
     summary = "capture decoder-layer outputs with forward hooks, rows attributed by the runner"
     upstream = ("vLLM 0.11.1: embed_input_ids rename; 0.12: DeepseekV2DecoderLayer "
-                "llama_4_scaling; 0.22+: Model Runner V2 (vllm/v1/worker/gpu/)")
+                "llama_4_scaling; 0.22+: Model Runner V2 (vllm/v1/worker/gpu/); 0.34: "
+                "Model Runner V1 removed")
     vllm_range = ">=0.11.1.dev0"
     remove_when = "speculators < 0.5 support is dropped"
     targets = _targets.in_generator("ParallelConfig", "VllmHiddenStatesGenerator.__init__")
@@ -95,6 +99,11 @@ class HookCapture(GeneratorAdapter):
         if not reasons:
             return Verdict.not_needed("speculators' own forward loop matches this vLLM")
         pin = "; V1 model runner pinned for the generator" if knows_v2_runner_switch() else ""
+        if v1_runner_removed():
+            pin = "; Model Runner V1 is gone from this vLLM: rows follow V2's batches"
+            if os.environ.get(V2_SWITCH, "1") != "1":
+                pin += (f" ({V2_SWITCH}={os.environ[V2_SWITCH]} cannot be honoured: this "
+                        "vLLM runs V2 whatever it says; unset it)")
         return Verdict.needed("; ".join(reasons) + f" -> hook capture ({contract} contract)"
                               + pin)
 
@@ -139,6 +148,12 @@ def _refuse_unsupported_models(wrapped, instance, args, kwargs):
 
 
 V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def v1_runner_removed() -> bool:
+    """vLLM 0.34 removed Model Runner V1 (``vllm/v1/worker/gpu_model_runner.py``)."""
+    return (_probes.has_module("vllm.v1.worker.gpu.model_runner")
+            and not _probes.has_module("vllm.v1.worker.gpu_model_runner"))
 
 
 def knows_v2_runner_switch() -> bool:

@@ -2,12 +2,16 @@
 
 Why: newer engine cores call ``resolve_kv_cache_layout`` over the workers'
 ``get_supported_kv_cache_layouts()`` and broadcast it with ``set_kv_cache_layout``
-before ``get_kv_cache_config_from_groups``; that function now reads the resolved
-layout and raises ``ValueError: KV cache layout has not been resolved yet`` (seen on
+before ``get_kv_cache_config_from_groups`` (from 0.34 ``set_kv_cache_layout`` also
+takes the context-parallel ``cp_kv_cache_interleave_size``, required); that function now
+reads the resolved layout and raises ``ValueError: KV cache layout has not been resolved yet`` (seen on
 0.32) when speculators' generator, which bypasses the engine core, calls it.
 How: the ``MultiprocExecutor`` name in speculators' module is rebound to a subclass
 whose ``__init__`` replays the engine core's sequence once the workers are up:
-``register_all_kvcache_specs`` (where it exists), collect specs, resolve, broadcast.
+``register_all_kvcache_specs`` (where it exists), collect specs, resolve, broadcast (with
+the config's ``cp_kv_cache_interleave_size`` where ``set_kv_cache_layout`` takes it; the
+engine core's ``adjust_dcp_kv_cache_interleave_size`` only changes it for KV transfer with
+decode context parallelism, which the generator never configures).
 Applies when: ``resolve_kv_cache_layout`` exists and the executor has
 ``set_kv_cache_layout``.
 Remove when: speculators 0.3/0.4 support is dropped.
@@ -24,6 +28,8 @@ from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 UTILS = "vllm.v1.attention.backends.utils"
+#: ``Executor.set_kv_cache_layout``'s second (required) parameter from vLLM 0.34.
+INTERLEAVE = "cp_kv_cache_interleave_size"
 
 
 def _resolver():
@@ -71,8 +77,13 @@ class KVCacheLayoutResolution(GeneratorAdapter):
             specs = self.get_kv_cache_specs()
             layout = resolve(vllm_config, self.get_supported_kv_cache_layouts(),
                              [s for worker_specs in specs for s in worker_specs.values()])
-            self.set_kv_cache_layout(layout.name)
+            if interleave:  # 0.34: the CP interleave size travels with the layout
+                self.set_kv_cache_layout(
+                    layout.name, vllm_config.parallel_config.cp_kv_cache_interleave_size)
+            else:
+                self.set_kv_cache_layout(layout.name)
 
         base = gen.MultiprocExecutor
+        interleave = INTERLEAVE in (_probes.parameters(base.set_kv_cache_layout) or {})
         patcher.setattr(gen, "MultiprocExecutor",
                         _helpers.subclass(base, self.name, {"__init__": __init__}))

@@ -1,0 +1,47 @@
+"""Contract of the ``kv_cache_extensible_off`` adapter,
+on the installed vLLM and speculators.
+
+The probe agrees with the expectation table, apply/revert restores identity and
+changes only the declared targets, and speculators' call shape gets a CacheConfig whose
+extensible KV cache is off through the adapter (and stays on by default for vLLM's own
+engines, which build their own CacheConfig).
+"""
+
+from __future__ import annotations
+
+from ..support import (
+    BY_NAME,
+    check_apply_then_revert,
+    check_probe_agrees_with_release,
+    one,
+)
+
+NAME = "kv_cache_extensible_off"
+FIELD = "enable_extensible_kv_cache"
+
+
+def test_probe_agrees_with_release(base):
+    check_probe_agrees_with_release(base, NAME)
+
+
+def test_apply_then_revert_restores_identity(base):
+    check_apply_then_revert(base, NAME)
+
+
+def test_legacy_call_shape(base):
+    gen = base.gen
+    call = dict(block_size=16, gpu_memory_utilization=0.8)  # speculators' call
+    bare = gen.CacheConfig(**call)
+    if not hasattr(bare, FIELD):
+        with one(base, BY_NAME[NAME]) as applied:
+            assert not applied
+        return
+    assert getattr(bare, FIELD) is None  # unset: VllmConfig turns it on where supported
+    with one(base, BY_NAME[NAME]) as applied:
+        assert applied
+        assert getattr(gen.CacheConfig(**call), FIELD) is False
+        assert getattr(gen.CacheConfig(**call, **{FIELD: True}), FIELD) is True
+        from vllm.config import CacheConfig  # vLLM's own name: untouched
+
+        assert getattr(CacheConfig(**call), FIELD) is None
+    assert getattr(gen.CacheConfig(**call), FIELD) is None
