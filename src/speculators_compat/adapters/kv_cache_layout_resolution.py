@@ -3,9 +3,9 @@
 Why: newer engine cores call ``resolve_kv_cache_layout`` over the workers'
 ``get_supported_kv_cache_layouts()`` and broadcast it with ``set_kv_cache_layout``
 before ``get_kv_cache_config_from_groups`` (from 0.34 ``set_kv_cache_layout`` also
-takes the context-parallel ``cp_kv_cache_interleave_size``, required); that function now
-reads the resolved layout and raises ``ValueError: KV cache layout has not been resolved yet`` (seen on
-0.32) when speculators' generator, which bypasses the engine core, calls it.
+takes the context-parallel ``cp_kv_cache_interleave_size``, required); that function
+now reads the resolved layout and raises ``ValueError: KV cache layout has not been
+resolved yet`` (seen on 0.32) when speculators' generator, which bypasses the engine core, calls it.
 How: the ``MultiprocExecutor`` name in speculators' module is rebound to a subclass
 whose ``__init__`` replays the engine core's sequence once the workers are up:
 ``register_all_kvcache_specs`` (where it exists), collect specs, resolve, broadcast (with
