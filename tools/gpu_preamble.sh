@@ -1,7 +1,9 @@
 # Device-side preamble shared by tools/gpu_run.sh, tools/gpu_bench.sh and tools/gpu_models.sh
 # (sourced, not run): stash the kit parts named before `--`, install the kit (once per
-# machine), set the offline / NCCL environment. Leaves the arguments after `--` in
-# GPU_ARGS, the install start time in GPU_T0, and cds to the repository root.
+# machine), set the offline / NCCL environment and, for a kit that carries its own torch
+# (vLLM 0.34), the environment its install wrote (LD_PRELOAD of the NCCL stub, ...).
+# Leaves the arguments after `--` in GPU_ARGS, the install start time in GPU_T0, and cds
+# to the repository root.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 _parts=()
@@ -12,6 +14,8 @@ if [ ${#_parts[@]} -gt 0 ]; then python3 tools/gpu_kit.py stash "${_parts[@]}" |
 GPU_T0=$(date +%s)
 python3 tools/gpu_kit.py install || exit 1
 echo "kit install: $(( $(date +%s) - GPU_T0 )) s"
+_kit_env="${GPU_KIT_SITE:-/root/site}/.gpu-kit-env.sh"
+if [ -f "$_kit_env" ]; then source "$_kit_env"; echo "kit environment: $_kit_env"; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 # Keep NVLink multicast off (shared hosts; see the device tool's KINDS.md).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
