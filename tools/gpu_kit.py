@@ -788,7 +788,9 @@ def _extract_zips(stage: Path, dest: Path) -> None:
     def one(group) -> int:
         opened: dict[Path, zipfile.ZipFile] = {}
         for zf, name, _ in group:
-            z = opened.setdefault(zf, zipfile.ZipFile(zf))
+            if zf not in opened:  # one ZipFile per zip and thread (reads the directory once)
+                opened[zf] = zipfile.ZipFile(zf)
+            z = opened[zf]
             info = z.getinfo(name)
             path = z.extract(info, dest)
             if (info.external_attr >> 16) & 0o111:
