@@ -1001,8 +1001,9 @@ def smoke(args) -> None:
 
     def vllm_modules():
         import importlib
-        for mod in ("vllm", "vllm._custom_ops", "vllm.v1.worker.gpu.model_runner",
-                    "vllm.v1.worker.gpu_model_runner", "vllm.vllm_flash_attn"):
+        # (vLLM 0.34 has no V1 ``vllm.v1.worker.gpu_model_runner`` any more.)
+        for mod in ("vllm", "vllm._custom_ops", "vllm.v1.worker.gpu_worker",
+                    "vllm.v1.worker.gpu.model_runner", "vllm.vllm_flash_attn"):
             importlib.import_module(mod)
         import torch
         return {"_C ops": hasattr(torch.ops, "_C"), "LD_PRELOAD": os.environ.get("LD_PRELOAD")}
