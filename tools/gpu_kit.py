@@ -356,8 +356,6 @@ SKIP_REQS34 = re.compile(SKIP_REQS.pattern.replace("^(", "^(instanttensor|", 1),
 # 5 MB/s; deflate in the wheel: 27 %), one part fewer.
 RELZMA_PRESET = 0
 TORCH_RELZMA = ("torch/lib/libtorch_cpu.so",)
-# libnccl.so.2: 343 MB, deflate 291 MB (5 parts and 1 MB), LZMA fits in 5 parts.
-FALLBACK_RELZMA = {"nccl": ("nvidia/nccl/lib/libnccl.so.2",)}
 ZIP_LEVEL = 6  # the installed dependencies (``site.zip``), compressed here with zlib
 STUB_SYMBOLS = ["ncclCommGetUniqueId", "ncclCommGrow", "ncclCommMemStats", "ncclCommResume",
                 "ncclCommSuspend", "ncclGetLsaMultimemDevicePointer",
@@ -576,7 +574,7 @@ def build34(args) -> None:
         whl = _wheel(DL34 / name, req)
         stage = R34 / f"stage-{name}"
         keep = _keep_nccl if name == "nccl" else (lambda n: not _drop_from_triton(n))
-        _slim_wheel(whl, keep, stage / f"{name}.zip", "v1", FALLBACK_RELZMA.get(name, ()))
+        _slim_wheel(whl, keep, stage / f"{name}.zip", "v1")
         ver = req.split("==")[1]
         sets[name] = _pack(stage, PARTS34, name, {"vllm": "0.34.0", "layout": "zips",
                                                   "fallback": name,
