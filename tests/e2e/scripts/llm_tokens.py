@@ -1,7 +1,7 @@
 """vLLM's own ``LLM(...).generate`` with or without ``activate()``; report tokens and what
 the engine's (spawned) worker process says about activation.
 
-Usage: llm_tokens.py --out FILE --model PATH [--activate]
+Usage: llm_tokens.py --out FILE --model PATH [--activate] [--gpu-mem FRACTION]
 """
 
 import argparse
@@ -13,6 +13,8 @@ if __name__ == "__main__":
     p.add_argument("--out", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--activate", action="store_true")
+    p.add_argument("--gpu-mem", type=float, default=None,
+                   help="gpu_memory_utilization (GPU runs that share the device)")
     a = p.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     # collective_rpc(<function>) crosses the engine-core boundary by pickle (test only).
@@ -32,6 +34,8 @@ if __name__ == "__main__":
     # AMX, which rejects this checkpoint's head size 64 ("Unsupported CPU attention
     # configuration: head_dim=64 isa=0", a vLLM limit, with or without the shim).
     extra = {"block_size": 16} if cpu_accepts_16() else {}
+    if a.gpu_mem is not None:
+        extra["gpu_memory_utilization"] = a.gpu_mem
     llm = LLM(model=a.model, enforce_eager=True, max_model_len=256, dtype="bfloat16",
               seed=0, **extra)
     prompts = [{"prompt_token_ids": [5 + (7 * i + j) % 400 for j in range(10 + i)]}
