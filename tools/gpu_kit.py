@@ -59,6 +59,9 @@ import zipfile
 import zlib
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fatbin_prune  # noqa: E402  (tools/fatbin_prune.py, beside this file)
+
 ROOT = Path(__file__).resolve().parent.parent
 KIT = ROOT / ".gpu-kit"
 DL = KIT / "dl"            # cached downloads (not carried)
@@ -355,6 +358,11 @@ SKIP_REQS34 = re.compile(SKIP_REQS.pattern.replace("^(", "^(instanttensor|", 1),
 # libtorch_cpu.so is recompressed with LZMA preset 0 (measured on 8 MB of it: 13.6 % at
 # 5 MB/s; deflate in the wheel: 27 %), one part fewer.
 RELZMA_PRESET = 0
+#: The H200's architecture: the only device code the 0.34 kit's libraries keep (every other
+#: architecture's cubins are blanked: libtorch_cuda.so 503 MB -> 65 MB as xz, measured
+#: 2026-12-02).
+PRUNE_KEEP = {90}
+PRUNE_MIN_BYTES = 8_000_000
 TORCH_RELZMA = ("torch/lib/libtorch_cpu.so",)
 ZIP_LEVEL = 6  # the installed dependencies (``site.zip``), compressed here with zlib
 STUB_SYMBOLS = ["ncclCommGetUniqueId", "ncclCommGrow", "ncclCommMemStats", "ncclCommResume",
@@ -377,9 +385,11 @@ def _drop_from_vllm34(name: str) -> bool:
 
 
 def _drop_from_triton(name: str) -> bool:
-    """AMD backend, Blackwell-only tools, static libraries, profiler libraries, test libs."""
-    return (name.startswith(("triton/backends/amd/", "triton/backends/nvidia/lib/cupti-blackwell/",
+    """Blackwell-only tools, static libraries, profiler libraries, test libraries. The AMD
+    backend stays (3 MB): triton imports every backend its entry points name."""
+    return (name.startswith(("triton/backends/nvidia/lib/cupti-blackwell/",
                              "triton/backends/nvidia/bin/ptxas-blackwell"))
+            or name == "triton/FileCheck"  # LLVM's test tool
             or name.endswith("_static.a") or "/libnvperf" in name
             or "TestLib" in name)
 
@@ -388,13 +398,22 @@ def _keep_nccl(name: str) -> bool:
     return name == "nvidia/nccl/lib/libnccl.so.2"
 
 
-def _slim_wheel(whl: Path, keep, out: Path, tag: str, relzma: tuple[str, ...] = ()) -> Path:
+def _prunable(info: zipfile.ZipInfo) -> bool:
+    """Shared libraries large enough to hold CUDA fat binaries worth blanking."""
+    name = info.filename.rsplit("/", 1)[-1]
+    return info.file_size > PRUNE_MIN_BYTES and (name.endswith(".so") or ".so." in name)
+
+
+def _slim_wheel(whl: Path, keep, out: Path, tag: str, relzma: tuple[str, ...] = (),
+                prune: bool = False) -> Path:
     """Write ``out``: a zip of the members of ``whl`` that ``keep`` accepts, their
     compressed bytes copied unchanged, except the members named in ``relzma``, which are
-    recompressed with LZMA (zip method 14, which Python's zipfile reads); CRCs checked
-    afterwards."""
+    recompressed with LZMA (zip method 14, which Python's zipfile reads), and, with
+    ``prune``, the shared libraries whose fat binaries hold device code for other GPUs than
+    the H200's sm_90 (``tools/fatbin_prune.py``: blanked, then recompressed with LZMA);
+    CRCs checked afterwards."""
     key = out.with_suffix(".key")
-    tag = f"{tag} {RELZMA_PRESET} {','.join(relzma)}"
+    tag = f"{tag} {RELZMA_PRESET} {','.join(relzma)} prune={sorted(PRUNE_KEEP) if prune else 0}"
     if out.exists() and key.exists() and key.read_text() == f"{whl.name} {tag}":
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -409,6 +428,14 @@ def _slim_wheel(whl: Path, keep, out: Path, tag: str, relzma: tuple[str, ...] = 
             if info.filename in relzma:
                 _write_lzma_member(dst, info, src.read(info))
                 continue
+            if prune and _prunable(info):
+                data = bytearray(src.read(info))
+                blanked = fatbin_prune.blanked_bytes(fatbin_prune.prune_buffer(data, PRUNE_KEEP))
+                if blanked:
+                    print(f"  {info.filename}: {blanked / 1e6:.0f} MB of other GPUs' code "
+                          "blanked", flush=True)
+                    _write_lzma_member(dst, info, bytes(data))
+                    continue
             raw.seek(info.header_offset)  # local header, name, extra field, data
             head = raw.read(30)
             name_len, extra_len = struct.unpack("<HH", head[26:30])
@@ -574,7 +601,7 @@ def build34(args) -> None:
         whl = _wheel(DL34 / name, req)
         stage = R34 / f"stage-{name}"
         keep = _keep_nccl if name == "nccl" else (lambda n: not _drop_from_triton(n))
-        _slim_wheel(whl, keep, stage / f"{name}.zip", "v1")
+        _slim_wheel(whl, keep, stage / f"{name}.zip", "v3")
         ver = req.split("==")[1]
         sets[name] = _pack(stage, PARTS34, name, {"vllm": "0.34.0", "layout": "zips",
                                                   "fallback": name,
