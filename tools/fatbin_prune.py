@@ -41,38 +41,49 @@ def _fatbin_section(buf) -> tuple[int, int] | None:
     return None
 
 
-def prune(path: str, keep: set[int], dry_run: bool = False) -> Counter:
-    """Zero every cubin entry whose architecture is not in ``keep``; bytes per arch."""
+def prune_buffer(buf, keep: set[int], dry_run: bool = False) -> Counter:
+    """Zero, in ``buf`` (a writable buffer holding an ELF library), every cubin entry whose
+    architecture is not in ``keep``; returns bytes kept / blanked per architecture.
+    PTX entries are never touched (another GPU could still JIT them)."""
     kept, blanked = Counter(), Counter()
+    sec = _fatbin_section(buf)
+    if sec is None:
+        return Counter()
+    pos, end = sec[0], sec[0] + sec[1]
+    while pos + 16 <= end:
+        magic, _ver, hsize, fsize = struct.unpack_from("<IHHQ", buf, pos)
+        if magic != FATBIN_MAGIC:
+            pos += 8  # containers are 8-byte aligned
+            continue
+        p, pe = pos + hsize, pos + hsize + fsize
+        while p + 36 <= pe:
+            kind, _unk, ehsize, psize = struct.unpack_from("<HHIQ", buf, p)
+            arch = struct.unpack_from("<I", buf, p + 28)[0]
+            body = p + ehsize
+            if kind == CUBIN and arch not in keep:
+                blanked[arch] += psize
+                if not dry_run:
+                    buf[body:body + psize] = bytes(psize)
+            else:
+                kept[arch] += psize
+            p = body + psize
+        pos = pe
+    return Counter({f"kept sm_{a}": n for a, n in kept.items()}
+                   | {f"blanked sm_{a}": n for a, n in blanked.items()})
+
+
+def blanked_bytes(stats: Counter) -> int:
+    return sum(n for k, n in stats.items() if k.startswith("blanked"))
+
+
+def prune(path: str, keep: set[int], dry_run: bool = False) -> Counter:
+    """:func:`prune_buffer` on a file, in place."""
     with open(path, "r+b" if not dry_run else "rb") as f:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ if dry_run else mmap.ACCESS_WRITE)
         try:
-            sec = _fatbin_section(buf)
-            if sec is None:
-                return Counter()
-            pos, end = sec[0], sec[0] + sec[1]
-            while pos + 16 <= end:
-                magic, _ver, hsize, fsize = struct.unpack_from("<IHHQ", buf, pos)
-                if magic != FATBIN_MAGIC:
-                    pos += 8  # containers are 8-byte aligned
-                    continue
-                p, pe = pos + hsize, pos + hsize + fsize
-                while p + 36 <= pe:
-                    kind, _unk, ehsize, psize = struct.unpack_from("<HHIQ", buf, p)
-                    arch = struct.unpack_from("<I", buf, p + 28)[0]
-                    body = p + ehsize
-                    if kind == CUBIN and arch not in keep:
-                        blanked[arch] += psize
-                        if not dry_run:
-                            buf[body:body + psize] = bytes(psize)
-                    else:
-                        kept[arch] += psize
-                    p = body + psize
-                pos = pe
+            return prune_buffer(buf, keep, dry_run)
         finally:
             buf.close()
-    return Counter({f"kept sm_{a}": n for a, n in kept.items()}
-                   | {f"blanked sm_{a}": n for a, n in blanked.items()})
 
 
 def main() -> int:

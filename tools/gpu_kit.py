@@ -343,9 +343,12 @@ TORCH34 = "torch==2.14.0"
 FALLBACKS = {"triton": "triton==3.8.0", "nccl": "nvidia-nccl-cu13==2.32.3"}
 # flashinfer-python 0.7.3 (vLLM's pin) is not on the registry: 0.7.4. torchvision 0.29.0 is
 # vLLM's pin for torch 2.14 (the image's torchvision is built for torch 2.11).
-EXTRA_NO_DEPS34 = ["flashinfer-python==0.7.4", "nvidia-cudnn-frontend>=1.31.0",
-                   "nvtx==0.2.15", "cuda-tile", "torchvision==0.29.0",
+EXTRA_NO_DEPS34 = ["nvtx==0.2.15", "cuda-tile", "torchvision==0.29.0",
                    "datasets==4.6.0", "multiprocess==0.70.18"]
+# Left out of the 0.34 kit (101 + 12 MB of wheels): vLLM imports flashinfer only in its
+# FlashInfer attention backends and in models this kit does not run; without it vLLM picks
+# FLASH_ATTN (Llama) / FLASH_ATTN_MLA (DeepSeek) on Hopper and samples with PyTorch.
+LEAVE_OUT34 = {"flashinfer-python", "nvidia-cudnn-frontend"}
 # Projects the image has, but in a release vLLM 0.34 refuses (tokenizers 0.23.2 < 0.23.3)
 # or built for the image's torch: carried anyway.
 FORCE34 = {"tokenizers", "torchvision"}
@@ -534,8 +537,9 @@ def _build_site34(vllm_whl: Path) -> Path:
                   if not _on_machine(_norm(n)) or _norm(n) in FORCE34]
         _download(wanted + EXTRA_NO_DEPS34, deps, deps=False)
         (deps / ".done").write_text("ok\n")
-    deps_wheels = sorted(w for w in deps.glob("*.whl") if not _on_machine(
+    deps_wheels = sorted(w for w in deps.glob("*.whl") if (not _on_machine(
         _wheel_project(w.name)) or _wheel_project(w.name) in FORCE34)
+        and _wheel_project(w.name) not in LEAVE_OUT34)
     key = _key("site", [w.name for w in deps_wheels], ZIP_LEVEL)
     out = STAGE34 / "site.zip"
     if out.exists() and (STAGE34 / "site.key").exists() and (
@@ -588,9 +592,9 @@ def build34(args) -> None:
     STAGE34.mkdir(parents=True, exist_ok=True)
     _build_stub(STAGE34)
     _slim_wheel(torch_whl, lambda n: not _drop_from_torch(n), STAGE34 / "torch.zip",
-                "drop-protoc", TORCH_RELZMA)
+                "drop-protoc", TORCH_RELZMA, prune=True)
     _slim_wheel(vllm_whl, lambda n: not _drop_from_vllm34(n), STAGE34 / "vllm.zip",
-                "drop-fa2-rs-dg")
+                "drop-fa2-rs-dg", prune=True)
     _build_site34(vllm_whl)
     _stage_wheels(STAGE34)
     expect = {"vllm": "0.34.0", "torch": "2.14.0"}
@@ -601,7 +605,7 @@ def build34(args) -> None:
         whl = _wheel(DL34 / name, req)
         stage = R34 / f"stage-{name}"
         keep = _keep_nccl if name == "nccl" else (lambda n: not _drop_from_triton(n))
-        _slim_wheel(whl, keep, stage / f"{name}.zip", "v3")
+        _slim_wheel(whl, keep, stage / f"{name}.zip", "v3", prune=True)
         ver = req.split("==")[1]
         sets[name] = _pack(stage, PARTS34, name, {"vllm": "0.34.0", "layout": "zips",
                                                   "fallback": name,
@@ -1031,7 +1035,17 @@ def smoke(args) -> None:
                     "vllm.v1.worker.gpu.model_runner", "vllm.vllm_flash_attn"):
             importlib.import_module(mod)
         import torch
-        return {"_C ops": hasattr(torch.ops, "_C"), "LD_PRELOAD": os.environ.get("LD_PRELOAD")}
+        from vllm import _custom_ops as ops
+        # one of vLLM's own kernels on the GPU (its libraries carry sm_90 code only)
+        x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+        w = torch.ones(256, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty_like(x)
+        ops.rms_norm(y, x, w, 1e-6)
+        ref = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        err = float((y.float() - ref).abs().max())
+        assert err < 0.05, f"rms_norm differs by {err}"
+        return {"_C ops": hasattr(torch.ops, "_C"), "rms_norm_err": err,
+                "LD_PRELOAD": os.environ.get("LD_PRELOAD")}
 
     check("versions", versions)
     check("expected versions", expected)
