@@ -1,4 +1,4 @@
-"""GPU benchmark of issue 12: hidden states to the driver, speculators' generator vs vLLM.
+"""GPU benchmark: hidden states to the driver, speculators' generator vs vLLM.
 
 One command on the GPU machine measures, on one random-weight checkpoint of Llama-3-8B's
 shape and one set of token ids, each mode in a fresh process, modes alternating per round:
@@ -59,7 +59,7 @@ write step, see ``CpuHiddenStatesConnector``)::
 
 Render (here, after the device run; several JSON files are merged)::
 
-    python3 benchmarks/gpu_bench.py render docs/results/gpu-bench-....json --update-docs
+    python3 benchmarks/gpu_bench.py render docs/results/bench-gpu-....json --update-docs
 """
 
 from __future__ import annotations
@@ -1363,30 +1363,41 @@ def _transport_table(docs: list[dict]) -> list[str]:
     copy's time), memory made ahead during the forward (and the time a copy waited for
     it), pages of the pool the driver unmapped once the pass's results were released
     (blank: a shim that did not yet, or a run that read its counters before the release)."""
-    rows = []
-    for fi, d in enumerate(docs):
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for d in docs:
         for r in d.get("runs", []):
             for ps in r.get("passes", []):
                 drv = ps.get("driver") or {}
                 if "copied_ahead" not in drv:
                     continue
-                huge = drv.get("fresh_hugepages")
-                trimmed = drv.get("trimmed_bytes") if drv.get("read_after_release") else None
-                rows.append(f"| {fi + 1} | {_label(_run_mode(r))} | {ps['batch']} | "
-                            f"{drv.get('handed_over', 0)} | {drv.get('copied_ahead', 0)} | "
-                            f"{drv.get('copy_s', 0):.2f} | "
-                            f"{drv.get('fresh_bytes', 0) / 2**30:.2f} | "
-                            f"{drv.get('fresh_wait_s', 0):.2f} | "
-                            f"{'' if huge is None else ('yes' if huge else 'no')} | "
-                            f"{_gib(trimmed)} |")
+                groups.setdefault((_run_mode(r), ps["batch"]), []).append(drv)
+    rows = []
+    for (mode, batch), drvs in sorted(groups.items(), key=lambda kv: (_mode_order(kv[0][0]),
+                                                                     -kv[0][1])):
+        def med(key, drvs=drvs):
+            return _median([x.get(key, 0) for x in drvs])
+
+        huge = {x.get("fresh_hugepages") for x in drvs} - {None}
+        trimmed = [x["trimmed_bytes"] for x in drvs
+                   if x.get("read_after_release") and "trimmed_bytes" in x]
+        rows.append(f"| {_label(mode)} | {batch} | {len(drvs)} | {med('handed_over'):.0f} | "
+                    f"{med('copied_ahead'):.0f} | {med('copy_s'):.2f} | "
+                    f"{med('fresh_bytes') / 2**30:.2f} | {med('fresh_wait_s'):.2f} | "
+                    f"{'/'.join('yes' if h else 'no' for h in sorted(huge, reverse=True))} | "
+                    f"{_gib(_median(trimmed) if trimmed else None)} |")
     if not rows:
         return []
-    return ["", "Driver transport per (b) pass (file, path, batch; calls handed over = "
+    return ["", "Driver transport per (b) pass (medians over passes; calls handed over = "
             "speculators' clone took the shared memory over; calls copied = copied by the "
             "transport into driver memory, which clone then took over):", "",
-            "| file | path | batch | calls handed over | calls copied | copy s | memory "
+            "| path | batch | passes | calls handed over | calls copied | copy s | memory "
             "made ahead, GiB | waited for it, s | huge pages | pool pages unmapped, GiB |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|", *rows]
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|", *rows]
+
+
+def _median(xs: list[float]) -> float:
+    st = _stats(xs)
+    return st["median"] if st else 0.0
 
 
 def _call_split_table(docs: list[dict]) -> list[str]:
@@ -1394,8 +1405,8 @@ def _call_split_table(docs: list[dict]) -> list[str]:
     transport's part in the driver (export RPCs and mapping, of which the copy) and after
     the states arrived, and the rest (the model steps and speculators' loop), beside (a)'s
     mean call in the same file and batch. Passes that recorded per-call driver counters."""
-    rows = []
-    for fi, d in enumerate(docs):
+    groups: dict[tuple[str, int, str], list[tuple]] = {}
+    for d in docs:
         a_call = {}
         for r in d.get("runs", []):
             if _run_mode(r).split("|")[0] == "a":
@@ -1419,20 +1430,29 @@ def _call_split_table(docs: list[dict]) -> list[str]:
                     early = (sum(dc.get("early_bytes", 0) for _, dc in sel) / n / 2**20
                              if any("early_bytes" in dc for _, dc in sel) else None)
                     after = sum(dc.get("after_fetch_s", 0) for _, dc in sel) / n
-                    a = a_call.get(ps["batch"])
-                    rows.append(f"| {fi + 1} | {_label(_run_mode(r))} | {ps['batch']} | {kind} "
-                                f"| {n} | {call:.3f} | {call - fetch - after:.3f} | "
-                                f"{fetch:.3f} | {copy:.3f} | "
-                                f"{'' if early is None else f'{early:.0f}'} | {after:.3f} | "
-                                f"{'' if a is None else f'{a:.3f}'} |")
+                    groups.setdefault((_run_mode(r), ps["batch"], kind), []).append(
+                        (n, call, call - fetch - after, fetch, copy, early, after,
+                         a_call.get(ps["batch"])))
+    rows = []
+    for (mode, batch, kind), vals in sorted(
+            groups.items(), key=lambda kv: (_mode_order(kv[0][0]), -kv[0][1],
+                                            kv[0][2] != "handed over")):
+        def med(i, digits=3, vals=vals):
+            xs = [v[i] for v in vals if v[i] is not None]
+            return f"{_median(xs):.{digits}f}" if xs else ""
+
+        rows.append(f"| {_label(mode)} | {batch} | {kind} | {len(vals)} | "
+                    f"{sum(v[0] for v in vals)} | {med(1)} | {med(2)} | {med(3)} | {med(4)} | "
+                    f"{med(5, 0)} | {med(6)} | {med(7)} |")
     if not rows:
         return []
-    return ["", "Where a (b) call's time goes (means per call; steps = the call minus the "
-            "transport's part in the driver; (a): vLLM's own mean call, same file and batch):",
-            "", "| file | path | batch | calls | n | call s | steps s | states to the driver s "
+    return ["", "Where a (b) call's time goes (per pass: means per call; then medians over "
+            "passes; steps = the call minus the transport's part in the driver; (a): vLLM's "
+            "own mean call, same file and batch):",
+            "", "| path | batch | calls | passes | n | call s | steps s | states to the driver s "
             "| of which copy s | MiB copied during the steps | after they arrived s "
             "| (a) call s |",
-            "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|", *rows]
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *rows]
 
 
 def _gib(nbytes) -> str:
@@ -1445,8 +1465,8 @@ def _target_ratio(r: dict, unit: str = "") -> tuple[float, str]:
     files (other machines, other times: said so).
 
     Why: files from several calls and machines are merged; (c)'s and (a)'s speed differs
-    between machines by more than the gaps the targets decide (issue 12: "(b) ≥ (c) in
-    the same run")."""
+    between machines by more than the gaps the targets decide (the target is "(b) ≥ (c)
+    in the same run")."""
     paired = r.get("paired")
     if paired and paired.get("n"):
         spread = (f" (same run: {paired['min']:.3f}–{paired['max']:.3f}, n {paired['n']})"
@@ -1455,7 +1475,9 @@ def _target_ratio(r: dict, unit: str = "") -> tuple[float, str]:
     return r["medians"], f"{r['medians']:.3f}{unit} (medians of different runs)"
 
 
-def render_markdown(docs: list[dict]) -> str:
+def render_markdown(docs: list[dict], files: list[str] | None = None) -> str:
+    """The generated block; ``files`` (the rendered files' paths) are named in it, so that
+    the block can be rendered again from them (the unit tests check that it is current)."""
     agg = aggregate(docs)
     d0 = docs[0]
     p = d0.get("params", {})
@@ -1484,6 +1506,7 @@ def render_markdown(docs: list[dict]) -> str:
         f"sha {p.get('tokens_sha')}); layers {p.get('layers')}; max_model_len "
         f"{p.get('max_model_len')}; {p.get('rounds')} round(s); (c) chunked prefill "
         f"{'on' if p.get('c_chunked_prefill') else 'off'}.",
+        *([f"Files: {', '.join(f'`{f}`' for f in files)}."] if files else []),
         "",
         "| path | TP | batch | tokens/s median | min – max | n | vs (a), same TP and batch | "
         "vs (a) batch 32 |",
@@ -1544,20 +1567,12 @@ def render_markdown(docs: list[dict]) -> str:
                          if isinstance(f, dict) and f.get("from_earlier_call"))
         if earlier:
             lines.append(f"- {where}check files from an earlier call: {', '.join(earlier)}")
-        for name, v in c.get("pairs", {}).items():
-            name = where + name
-            if "per_layer" not in v:
-                lines.append(f"- {name}: {v.get('error')}")
-                continue
-            per = ", ".join(f"layer {k}: {x['min_cosine']:.5f}" if x["min_cosine"] is not None
-                            else f"layer {k}: shape mismatch" for k, x in v["per_layer"].items())
-            lines.append(f"- {name}: {per} — {'✅' if v.get('ok') else '❌'} "
-                         f"(≥ {v.get('threshold')})")
+        lines += _correctness_lines(where, c.get("pairs", {}))
     lines += ["", "| target | value | met |", "|---|---:|---|"]
     for m in modes:
         if not m.startswith("b:"):
             continue
-        # Issue 12: 0.9 at batch 32 and 0.85 at batch 8; at TP 2, 0.85.
+        # Targets (docs/performance.md): 0.9 at batch 32 and 0.85 at batch 8; at TP 2, 0.85.
         goals = ((32, 0.9), (8, 0.85)) if _mode_parts(m)[2] == 1 else ((32, 0.85), (8, 0.85))
         for bsz, goal in goals:
             r = agg["ratios"].get(f"{m}@{bsz}/a@{bsz}")
@@ -1586,6 +1601,32 @@ def render_markdown(docs: list[dict]) -> str:
                          f"{' (partial data kept)' if f.get('partial') else ''}: "
                          f"{str(f['error'])[:300]}")
     return "\n".join(lines)
+
+
+def _correctness_lines(where: str, pairs: dict) -> list[str]:
+    """One line for a file's pairs that all passed (their worst layer), one line per pair
+    with every layer's value for a pair that failed or could not be compared."""
+    good = {n: v for n, v in pairs.items() if v.get("ok") and v.get("per_layer")}
+    lines = []
+    if good:
+        worst = min(x["min_cosine"] for v in good.values() for x in v["per_layer"].values())
+        layers = sorted({str(k) for v in good.values() for k in v["per_layer"]},
+                        key=lambda k: (len(k), k))
+        thresholds = sorted({v.get("threshold") for v in good.values()}, key=str)
+        lines.append(f"- {where}{', '.join(good)}: minimum {worst:.5f} over layers "
+                     f"{', '.join(layers)} — ✅ (≥ "
+                     f"{', '.join(map(str, thresholds))})")
+    for name, v in pairs.items():
+        if name in good:
+            continue
+        if "per_layer" not in v:
+            lines.append(f"- {where}{name}: {v.get('error')}")
+            continue
+        per = ", ".join(f"layer {k}: {x['min_cosine']:.5f}" if x["min_cosine"] is not None
+                        else f"layer {k}: shape mismatch" for k, x in v["per_layer"].items())
+        lines.append(f"- {where}{name}: {per} — {'✅' if v.get('ok') else '❌'} "
+                     f"(≥ {v.get('threshold')})")
+    return lines
 
 
 def render_svg(docs: list[dict]) -> str:
@@ -1630,6 +1671,12 @@ def _depth(doc: dict) -> int | None:
     return cfg.get("num_hidden_layers")
 
 
+def _repo_path(f: str) -> str:
+    """``f`` relative to the repository where it lies inside it, else its name."""
+    path = Path(f).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
 def render_main(a) -> int:
     docs = [json.loads(Path(f).read_text()) for f in a.files]
     shas = {(d.get("params") or {}).get("tokens_sha") for d in docs}
@@ -1648,7 +1695,7 @@ def render_main(a) -> int:
         if theirs and theirs != here:
             print(f"note: {f} ran shim sources {theirs}; this checkout's are {here}",
                   file=sys.stderr)
-    md = render_markdown(docs)
+    md = render_markdown(docs, [_repo_path(f) for f in a.files])
     if a.plot:
         Path(a.plot).parent.mkdir(parents=True, exist_ok=True)
         Path(a.plot).write_text(render_svg(docs))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device side of the GPU benchmark (issue 12; see docs/performance.md, "GPU"): stash the kit
+# Device side of the GPU benchmark (docs/performance.md, "GPU benchmark"): stash the kit
 # parts this call carries, install the kit (once per machine, tools/gpu_preamble.sh), then
 # run benchmarks/gpu_bench.py into $OUT (gpu_bench.json, logs.tar.xz).
 #

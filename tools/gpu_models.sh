@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device side of the real-shape model run (issue 16; docs/gpu.md, "Real-shape models"): stash
+# Device side of the real-shape model run (docs/gpu.md, "Real-shape models"): stash
 # the kit parts this call carries, install the kit (tools/gpu_preamble.sh), then run
 # tests/e2e/scripts/gpu_models.py into $OUT (gpu_models.json, logs.tar.xz). Checkpoints and
 # finished tasks stay under /root/gpu-models: a later call on the same machine resumes.

@@ -435,7 +435,7 @@ def _per_layer(check: dict[str, Any], key: str, digits: int) -> str:
 
 
 def render_gpu_models(results: Path = GPU_RESULTS) -> list[str]:
-    """Rows of the real-shape model runs (``docs/results/gpu-models-*.json``, issue 16)."""
+    """Rows of the real-shape model runs (``docs/results/gpu-models-*.json``)."""
     files = sorted(results.glob("gpu-models-*.json"))
     if not files:
         return []

@@ -1,5 +1,5 @@
 """Run speculators' OWN unit suites (0.3.0, 0.4.0.1) in the project's vLLM envs, with the
-shim active and without, and record the counts (issue 14).
+shim active and without, and record the counts.
 
 Why: the claim "speculators' configs, models, conversion and training behave on
 transformers 5 as on their pinned stack" is checked against speculators' own tests, not

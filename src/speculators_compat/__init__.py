@@ -21,7 +21,7 @@ from ._activation import activate, deactivate, report, save_report
 from ._errors import CompatError, UnsupportedError
 from ._report import Kind, Report, Status
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["activate", "deactivate", "report", "save_report", "CompatError", "Kind",
            "Report", "Status", "UnsupportedError", "__version__"]
 

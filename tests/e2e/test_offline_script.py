@@ -10,7 +10,7 @@ tokens are the chat-template encoding of exactly one conversation, and the worke
 report an activation of kind ``worker`` that the driver's report file did not overwrite.
 One generator start per env x speculators combination.
 
-The same files then train an EAGLE-3 draft (issue 14: the rest of the pipeline in the
+The same files then train an EAGLE-3 draft (the rest of the pipeline in the
 same environment): scripts/train_draft.py, again under ``speculators-compat run``, builds
 the draft with speculators' own classes, loads the samples with ``speculators.train.data``,
 runs forward + backward + an optimizer step on CPU, saves, reloads and compares config,

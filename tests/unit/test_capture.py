@@ -203,8 +203,8 @@ def test_recompute_in_chunks_and_as_new_request():
 
 
 def test_without_position_check_a_recompute_is_misattributed(monkeypatch):
-    """The check above is what makes the result right: without it (the capture before
-    issue 13) the same run passes take()'s completeness check with wrong rows."""
+    """The check above is what makes the result right: without it (rows appended in
+    arrival order) the same run passes take()'s completeness check with wrong rows."""
     monkeypatch.setattr(LayerCapture, "_check_positions", lambda self, so: None)
     runner, cap = v1()
     p = prompts_of(req_0_0=10, req_0_1=4)

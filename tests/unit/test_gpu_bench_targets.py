@@ -1,4 +1,4 @@
-"""How benchmarks/gpu_bench.py decides issue 12's targets when files of several calls and
+"""How benchmarks/gpu_bench.py decides its targets when files of several calls and
 machines are merged: from ratios measured in the same run, not from medians pooled over
 machines; files of different model depths are not merged; ``--model-layers`` builds its
 own shallower model. Toy result files; no vLLM, no GPU."""

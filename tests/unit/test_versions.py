@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import packaging
 import pytest
 from packaging.specifiers import SpecifierSet
@@ -207,3 +210,14 @@ def test_env_names():
     assert _env.names(None) == frozenset()
     assert _env.names("") == frozenset()
     assert _env.names(" a, b ,,a,") == frozenset({"a", "b"})
+
+
+def test_version_is_one_number_everywhere():
+    """``__version__``, pyproject.toml and the changelog's latest release agree."""
+    import speculators_compat
+
+    root = Path(__file__).resolve().parents[2]
+    project = re.search(r'^version = "([^"]+)"', (root / "pyproject.toml").read_text(), re.M)
+    releases = re.findall(r"^## \[(\d[^\]]*)\]", (root / "CHANGELOG.md").read_text(), re.M)
+    assert project and project.group(1) == speculators_compat.__version__
+    assert releases and releases[0] == speculators_compat.__version__

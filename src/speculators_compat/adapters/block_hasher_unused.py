@@ -10,10 +10,10 @@ those hashes; vLLM's own engine builds no hasher in that case (``EngineCore.__in
 ``benchmarks/request_hash_cost.py`` on this project's CPU machine (quiet): making the
 requests of a batch-32 call (768-1024 tokens each) took 4.4 ms (vLLM 0.32) and 7.1 ms
 (vLLM 0.16) with the hasher, 0.4 ms without; on the H200 machine (vLLM 0.26) 4.5 ms
-against 0.3 ms. Before this adapter each batch-32 call of 0.4.0.1 on the H200 benchmark
+against 0.3 ms. Without this adapter, each batch-32 call of 0.4.0.1 on the H200 benchmark
 (8B-shaped model) spent 0.016-0.023 s more in its steps than 0.3.0's, which passes no
-hasher, in two rounds; with it, the same benchmark measured 0.693 against 0.697 s per
-copied call (one round; ``docs/performance.md``).
+hasher (two rounds, 2026-12-01); with it, 0.693 against 0.697 s per copied call (one
+round, 2026-12-02; ``docs/performance.md``).
 How: after speculators' ``__init__``, where the generator's config has prefix caching
 off and no ``kv_transfer_config``, its ``block_hasher`` attribute (read by
 ``generate()`` for each ``Request``) is set to ``None``: requests are made as vLLM's own

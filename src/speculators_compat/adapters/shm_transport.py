@@ -238,8 +238,8 @@ def _raise_copy_threads(executor, importer) -> None:
     for the driver. How many: the copies are gigabytes per batch at real model sizes, most
     of it first-touched pages the kernel must fault in, which scales up to a point and
     then collapses. Measured on the H200 (8B shape, 4 layers, batch 32, 7.5 GB per pass
-    into fresh memory): 4 threads 1.42 s, 8 threads 0.85 s, 16 threads 7.8 s per pass
-    (docs/performance.md). Hence at most ``DEFAULT_COPY_THREADS`` (8)."""
+    into fresh memory, 2026-12-01): 4 threads 1.42 s, 8 threads 0.85 s, 16 threads 7.8 s
+    per pass. Hence at most ``DEFAULT_COPY_THREADS`` (8)."""
     ref = executor.__dict__.get("_compat_generator")
     generator = ref() if ref is not None else None
     call = None if generator is None else generator.__dict__.get("_compat_copy_call")

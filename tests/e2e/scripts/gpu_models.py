@@ -1,4 +1,4 @@
-"""GPU run of issue 16: real-shape random-weight models through speculators' unchanged generator.
+"""GPU run: real-shape random-weight models through speculators' unchanged generator.
 
 Models (``real_shapes.MODELS``): Kimi-K2.5 (``KimiK25ForConditionalGeneration``), DeepSeek-V3
 with block-FP8 weights and its bf16 twin, Qwen3-MoE at Qwen3-30B-A3B's shape, GPT-OSS at
@@ -81,10 +81,10 @@ ALL_MODELS = "kimi_k25,deepseek_v3_fp8,deepseek_v3,qwen3_moe,gpt_oss"
 #: quantization and is set from the observed values (docs/gpu.md).
 TWIN_DEFAULTS = {"min_cosine": 0.95, "max_rel_l2_err": 0.25, "max_rel_abs_err": 0.5}
 #: The shim against vLLM's native path with the generator's own batch composition: the same
-#: weights, kernels and steps. Exact on the CPU (``--tiny``) and on the GPU: the first H200
-#: run (2026-12-01, docs/gpu.md "Third run") was bit-identical in every tensor of all eight
-#: runs (DeepSeek-V3 bf16 / FP8, Qwen3-MoE, Kimi-K2.5; both speculators releases), so the
-#: default allows nothing more (it was cosine 0.99999 / rel. L2 0.2 % / max 1 % before).
+#: weights, kernels and steps. Exact on the CPU (``--tiny``) and on the GPU: the H200 run of
+#: 2026-12-01 (docs/gpu.md, "Real-shape models", results) was bit-identical in every tensor
+#: of all eight runs (DeepSeek-V3 bf16 / FP8, Qwen3-MoE, Kimi-K2.5; both speculators
+#: releases), so the default allows nothing more.
 MATCHED_EXACT = {"min_cosine": 0.999999, "max_rel_l2_err": 0.0, "max_rel_abs_err": 0.0}
 MATCHED_DEFAULTS = dict(MATCHED_EXACT)
 #: speculators 0.3.0 / 0.4.0.1 ``_create_vllm_config``: MAX_NUM_SEQS, MIN_MAX_BATCHED_TOKENS,

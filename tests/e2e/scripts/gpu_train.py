@@ -1,4 +1,4 @@
-"""Generate, then train, in one environment (issue 14): speculators' unchanged generator
+"""Generate, then train, in one environment: speculators' unchanged generator
 writes hidden-state samples through the shim, speculators' own ``Trainer`` trains an
 EAGLE-3 draft on them, the trained checkpoint reloads identically; JSON to ``--out``.
 
