@@ -28,7 +28,10 @@ from helpers import checkpoint, installed, vllm_version
 from packaging.version import Version
 
 from speculators_compat import _versions
-from speculators_compat._core import Activation, Adapter, Report, _label
+from speculators_compat._activation import Activation
+from speculators_compat._adapter import Adapter
+from speculators_compat._patcher import _label
+from speculators_compat._report import Report
 from speculators_compat._speculators import CONFIG_MODULE, GENERATOR_MODULE, WORKER_EXTENSION
 from speculators_compat.adapters import ADAPTERS
 
@@ -158,7 +161,7 @@ def CONFIG_CLASSES() -> list[type]:  # noqa: N802 - a constant computed late
     from speculators.config import SpeculatorModelConfig
     from speculators.models.eagle import EagleSpeculator
 
-    from speculators_compat.adapters.transformers5_config_dataclass import config_class
+    from speculators_compat.adapters._probes import config_class
 
     return [config_class(), SpeculatorModelConfig, EagleSpeculator]
 
