@@ -83,10 +83,26 @@ class Base:
             for act in self.activations:
                 act.activate(process="driver")
 
+def with_requirements(adapters) -> list[Adapter]:
+    """``adapters`` preceded by the registry's adapters they require (transitively, in
+    registry order): what decides whether they act in a full activation."""
+    given = {a.name for a in adapters}
+    needed: set[str] = set()
+    todo = list(adapters)
+    while todo:
+        for r in todo.pop().requires:
+            if r not in given and r not in needed:
+                needed.add(r)
+                todo.append(BY_NAME[r])
+    return [a for a in ADAPTERS if a.name in needed] + list(adapters)
+
+
 @contextlib.contextmanager
 def activated(*adapters: Adapter, strict: bool = False) -> Iterator[Report]:
-    """A fresh activation over exactly ``adapters``; deactivated on exit."""
-    act = Activation(lambda: list(adapters))
+    """A fresh activation over ``adapters`` and the adapters they require (so each one's
+    status is the one a full activation gives it); deactivated on exit."""
+    registry = with_requirements(adapters)
+    act = Activation(lambda: registry)
     report = act.activate(process="driver", strict=strict)
     try:
         yield report
