@@ -238,7 +238,7 @@ def _check_workers(p: dict, workers) -> None:
 
 def _worker_report():
     """The shim's per-worker activation report function (what its workers did and why)."""
-    from speculators_compat._plugin import worker_report
+    from speculators_compat._process import worker_report
 
     return worker_report
 

@@ -18,7 +18,8 @@ TARGET = ROOT / "docs" / "adapters.md"
 
 
 def render() -> str:
-    from speculators_compat._core import Kind, Stage
+    from speculators_compat._adapter import Stage
+    from speculators_compat._report import Kind
     from speculators_compat.adapters import ADAPTERS
 
     lines = [
@@ -56,7 +57,11 @@ def render() -> str:
     for a in ADAPTERS:
         mod = sys.modules[type(a).__module__]
         doc = inspect.cleandoc(mod.__doc__ or "")
-        lines += [f"### `{a.name}`", "", f"Module: `{type(a).__module__}`", "", doc, ""]
+        lines += [f"### `{a.name}`", "", f"Module: `{type(a).__module__}`", ""]
+        if a.requires:
+            lines += ["Requires: " + ", ".join(f"`{r}`" for r in a.requires)
+                      + " (reported not needed, naming it, where that did not apply)", ""]
+        lines += [doc, ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

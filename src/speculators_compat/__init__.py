@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 
-from ._activation import activate, deactivate, report, save_report
 from ._errors import CompatError, UnsupportedError
+from ._process import activate, deactivate, report, save_report
 from ._report import Kind, Report, Status
 
 __version__ = "0.2.0"

@@ -59,8 +59,8 @@ def bootstrap_status() -> dict:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ._activation import ACTIVATION
     from ._errors import UnsupportedError
+    from ._process import ACTIVATION
     from ._report import Status
 
     previously_active = ACTIVATION.active

@@ -1,11 +1,22 @@
-"""Activation: run the adapters in one process, and the process-wide activation state.
+"""The engine: run a registry of adapters in one process, each one undoable.
 
-:class:`Activation` probes and applies a registry of adapters through one
-:class:`~speculators_compat._patcher.Patcher` (so ``deactivate()`` undoes everything)
-and builds the :class:`~speculators_compat._report.Report`. :data:`ACTIVATION` is the
-one instance of this process (what ``speculators_compat.activate()``, vLLM's worker
-plugin and the interpreter-start hook all act on); the selection it was activated
-with (``only=``, ``strict=``) travels to child processes through the environment.
+:class:`Activation` probes and applies the adapters of the registry it is given, in
+order, through one :class:`~speculators_compat._patcher.Patcher` (so ``deactivate()``
+undoes everything, and a failed ``apply()`` is rolled back alone) and builds the
+:class:`~speculators_compat._report.Report`. It knows no adapter and no entry point: the
+registry and what to do after the adapters (``on_activate``) are passed in by
+:mod:`speculators_compat._process`, which holds this process's one activation. The
+selection it was activated with (``only=``, ``strict=``) travels to child processes
+through the environment.
+
+Dependencies: an adapter names in ``requires`` the adapters that must have applied
+before it for its change to be right (``shm_transport`` and ``request_metadata_in_driver``
+speak to the shim's worker extension, which only ``hook_capture`` puts in the workers).
+Where one of them did not apply (disabled, not needed, mismatched, failed), the dependent
+is reported not needed, naming it and its status, and is neither probed nor applied. A
+requirement must come earlier in the registry (checked at every activation); one that
+the registry does not hold at all (a registry of a single adapter, as the contract suite
+builds) constrains nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ logger = logging.getLogger("speculators_compat")
 
 
 class Activation:
-    """Process-wide activation state (one per process), guarded by a lock."""
+    """One activation of a registry (apply, report, undo), guarded by a lock."""
 
     def __init__(self, adapters: Callable[[], Sequence[Adapter]],
                  on_activate: Callable[[Patcher, str], None] | None = None) -> None:
@@ -73,12 +84,16 @@ class Activation:
                                _env.DISABLE, sorted(disabled - known_or_kind),
                                sorted(known_or_kind))
             strict = _env.flag(os.environ.get(_env.STRICT)) if strict is None else strict
+            _check_requirements(adapters)
             ctx = Context(process)
             self.touched = {}
             results = []
+            done: dict[str, AdapterResult] = {}
             try:
                 for a in adapters:
-                    results.append(self._run_one(a, ctx, selected, disabled))
+                    res = self._run_one(a, ctx, selected, disabled, done)
+                    done[a.name] = res
+                    results.append(res)
                 self._patcher.setenv(_env.ACTIVE, "1")
                 self._pass_on(selected, strict)
                 if self._on_activate is not None:
@@ -121,7 +136,7 @@ class Activation:
             self._patcher.setenv(_env.STRICT, "1" if strict else "0")
 
     def _run_one(self, adapter: Adapter, ctx: Context, selected: set[str] | None,
-                 disabled: frozenset[str]) -> AdapterResult:
+                 disabled: frozenset[str], done: dict[str, AdapterResult]) -> AdapterResult:
         def result(status: Status, reason: str, changes: list[str] | None = None):
             return AdapterResult(adapter.name, status, reason, adapter.upstream, adapter.summary,
                                  adapter.phase.value, adapter.vllm_range, changes or [],
@@ -134,6 +149,9 @@ class Activation:
             return result(Status.DISABLED, "not selected by activate(only=...)")
         if ctx.process == "worker" and adapter.phase is Phase.DRIVER:
             return result(Status.NOT_NEEDED, "driver-side adapter; this is a vLLM worker process")
+        unmet = _unmet(adapter, done)
+        if unmet is not None:
+            return result(Status.NOT_NEEDED, unmet)
         try:
             verdict = adapter.probe(ctx)
         except UnsupportedError as exc:
@@ -215,78 +233,23 @@ class Activation:
             self.touched = {}
 
 
-# --------------------------------------------------------------------------------------
-# The process-wide activation (one per process)
-# --------------------------------------------------------------------------------------
+def _check_requirements(adapters: Sequence[Adapter]) -> None:
+    """Every requirement the registry holds comes before the adapter that names it (the
+    engine decides a dependent from its requirements' results, so those must exist)."""
+    position = {a.name: i for i, a in enumerate(adapters)}
+    for i, a in enumerate(adapters):
+        late = [r for r in a.requires if position.get(r, -1) >= i]
+        if late:
+            raise ValueError(f"speculators-compat: adapter {a.name} requires {late}, which the "
+                             "registry lists after it (or is the adapter itself); a requirement "
+                             "must come earlier")
 
 
-def _registry() -> Sequence[Adapter]:
-    from .adapters import ADAPTERS
-
-    return ADAPTERS
-
-
-def _bootstrap_hook(patcher: Patcher, process: str) -> None:
-    from ._bootstrap import install
-
-    install(patcher, process)
-
-
-#: This process's activation: ``speculators_compat.activate()`` in the user's process,
-#: the ``vllm.general_plugins`` entry point and the interpreter-start hook in children.
-ACTIVATION = Activation(_registry, on_activate=_bootstrap_hook)
-
-
-def activate(*, only: Iterable[str] | None = None, strict: bool | None = None) -> Report:
-    """Apply every adapter the installed vLLM / speculators need, in this process.
-
-    Idempotent and thread-safe: a second call returns the first call's report.
-    ``only`` restricts activation to the named adapters (others are reported
-    ``disabled``). ``strict=True`` (or ``SPECULATORS_COMPAT_STRICT=1``) raises
-    :class:`CompatError` and patches nothing if an adapter finds an API it does not
-    know (``mismatch``) or fails. ``SPECULATORS_COMPAT_DISABLE=a,b`` disables
-    adapters by name. ``only`` and ``strict`` hold in every process started from here
-    on as well (vLLM's workers included). Raises :class:`CompatError` (and patches
-    nothing) when a speculators import that an import-time adapter had to precede
-    already happened in this process (``_order``). Every Python process started from
-    here on activates at interpreter start (``_bootstrap``).
-    """
-    from ._order import check_import_order, imported_before
-
-    already = ACTIVATION.active
-    before = imported_before()
-    result = ACTIVATION.activate(only=only, strict=strict, process="driver")
-    if not already:
-        try:
-            check_import_order(result, before)
-        except CompatError:
-            ACTIVATION.deactivate()
-            raise
-    return result
-
-
-def deactivate() -> None:
-    """Undo everything :func:`activate` changed, restoring the original objects."""
-    if ACTIVATION.active:
-        from ._order import remember_built_with_fix
-
-        remember_built_with_fix()
-    ACTIVATION.deactivate()
-
-
-def report() -> Report | None:
-    """The current activation's report, or ``None`` when not active."""
-    return ACTIVATION.report
-
-
-def save_report(path) -> str:
-    """Write the activation report as JSON to ``path`` (keep it next to generated data).
-
-    Raises :class:`CompatError` when the shim is not active, so provenance is never
-    silently missing.
-    """
-    current = ACTIVATION.report
-    if current is None:
-        raise CompatError("speculators-compat is not active: call speculators_compat.activate() "
-                          "before generating data, then save_report(path).")
-    return current.to_json(path)
+def _unmet(adapter: Adapter, done: dict[str, AdapterResult]) -> str | None:
+    """Why ``adapter`` must not act: the first of its requirements that did not apply in
+    this activation (``None``: all of those the registry holds applied)."""
+    for name in adapter.requires:
+        dep = done.get(name)
+        if dep is not None and dep.status is not Status.APPLIED:
+            return f"requires {name}, which is {dep.status.value} here ({dep.reason})"
+    return None

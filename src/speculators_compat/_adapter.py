@@ -98,6 +98,12 @@ class Adapter:
     #: every change the Patcher records against this, and docs/adapters.md lists the
     #: adapters stacked on each target.
     targets: tuple[str, ...] = ()
+    #: Names of the adapters that must have applied, earlier in the registry, for this one
+    #: to act (what it changes only works with theirs). Where one of them did not apply,
+    #: the activation reports this one not needed, naming it, and neither probes nor
+    #: applies it: an adapter declares what it depends on instead of re-running another
+    #: adapter's probe.
+    requires: tuple[str, ...] = ()
     #: What its ``refuse()`` may change (fail-closed adapters).
     refusal_targets: tuple[str, ...] = ()
     #: Why it exists (:class:`Kind`): which installations it is expected to act on.
@@ -128,6 +134,7 @@ class Adapter:
             "phase": self.phase.value,
             "stage": self.stage.value,
             "targets": list(self.targets),
+            "requires": list(self.requires),
             "kind": self.kind.value,
             "remove_when": self.remove_when,
         }

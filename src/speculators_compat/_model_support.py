@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ._core import CompatError
+from ._errors import CompatError
 
 SLIDING = "sliding_attention"
 

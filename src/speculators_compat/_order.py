@@ -20,17 +20,17 @@ letting a later import or a worker fail far from the cause.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 
+from ._adapter import Adapter
 from ._errors import CompatError
 from ._report import Report, Status
 
 
-def import_time() -> dict[str, tuple[str, ...]]:
-    """Import-time adapters -> the module prefixes whose earlier import they cannot
-    repair (their declared :class:`~speculators_compat._core.Stage`)."""
-    from .adapters import ADAPTERS
-
-    return {a.name: (a.stage.precedes,) for a in ADAPTERS if a.stage.precedes}
+def import_time(adapters: Iterable[Adapter]) -> dict[str, tuple[str, ...]]:
+    """Import-time adapters of the registry -> the module prefixes whose earlier import
+    they cannot repair (their declared :class:`~speculators_compat._adapter.Stage`)."""
+    return {a.name: (a.stage.precedes,) for a in adapters if a.stage.precedes}
 
 
 _ROOTS = ("speculators",)
@@ -56,11 +56,13 @@ def imported_before() -> frozenset[str]:
     return frozenset(m for m in list(sys.modules) if any(_under(m, r) for r in _ROOTS))
 
 
-def check_import_order(report: Report, before: frozenset[str]) -> None:
-    """Raise :class:`CompatError` if an import-time adapter applied after the import it
-    had to precede (``before``: :func:`imported_before` taken before activation)."""
+def check_import_order(report: Report, before: frozenset[str],
+                       adapters: Iterable[Adapter]) -> None:
+    """Raise :class:`CompatError` if an import-time adapter of the registry ``adapters``
+    applied after the import it had to precede (``before``: :func:`imported_before` taken
+    before activation)."""
     late = []
-    for name, prefixes in import_time().items():
+    for name, prefixes in import_time(adapters).items():
         try:
             result = report[name]
         except KeyError:

@@ -23,15 +23,6 @@ def register() -> None:
     """Entry point body (vLLM ignores the return value)."""
     if not _env.flag(os.environ.get(_env.ACTIVE)):
         return
-    from ._activation import ACTIVATION
+    from ._process import activate_worker
 
-    ACTIVATION.activate(process="worker")
-
-
-def worker_report(worker=None) -> dict | None:
-    """The activation report of the process this runs in, as a dict (``None`` if the
-    shim is not active there). Usable with ``collective_rpc(worker_report)``."""
-    from ._activation import ACTIVATION
-
-    rep = ACTIVATION.report
-    return None if rep is None else rep.as_dict()
+    activate_worker()

@@ -119,7 +119,7 @@ class _CompatHiddenStatesExtension:
             return _transport.rpc_reply(states, f"shared memory refused in the worker: {exc!r}")
 
     def _speculators_compat_report(self) -> dict | None:
-        from ._plugin import worker_report
+        from ._process import worker_report
 
         return worker_report()
 

@@ -11,7 +11,8 @@ import pytest
 from helpers import require_speculators, vllm_version
 
 from speculators_compat import _env
-from speculators_compat._core import Activation, Stage
+from speculators_compat._activation import Activation
+from speculators_compat._adapter import Stage
 from speculators_compat.adapters import ADAPTERS
 
 from .support import (

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 from packaging.version import Version
 
-from speculators_compat._core import Status
+from speculators_compat._report import Status
 
 APPLIED, NOT_NEEDED = Status.APPLIED, Status.NOT_NEEDED
 

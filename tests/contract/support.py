@@ -28,7 +28,10 @@ from helpers import checkpoint, installed, vllm_version
 from packaging.version import Version
 
 from speculators_compat import _versions
-from speculators_compat._core import Activation, Adapter, Report, _label
+from speculators_compat._activation import Activation
+from speculators_compat._adapter import Adapter
+from speculators_compat._patcher import _label
+from speculators_compat._report import Report
 from speculators_compat._speculators import CONFIG_MODULE, GENERATOR_MODULE, WORKER_EXTENSION
 from speculators_compat.adapters import ADAPTERS
 
@@ -80,10 +83,26 @@ class Base:
             for act in self.activations:
                 act.activate(process="driver")
 
+def with_requirements(adapters) -> list[Adapter]:
+    """``adapters`` preceded by the registry's adapters they require (transitively, in
+    registry order): what decides whether they act in a full activation."""
+    given = {a.name for a in adapters}
+    needed: set[str] = set()
+    todo = list(adapters)
+    while todo:
+        for r in todo.pop().requires:
+            if r not in given and r not in needed:
+                needed.add(r)
+                todo.append(BY_NAME[r])
+    return [a for a in ADAPTERS if a.name in needed] + list(adapters)
+
+
 @contextlib.contextmanager
 def activated(*adapters: Adapter, strict: bool = False) -> Iterator[Report]:
-    """A fresh activation over exactly ``adapters``; deactivated on exit."""
-    act = Activation(lambda: list(adapters))
+    """A fresh activation over ``adapters`` and the adapters they require (so each one's
+    status is the one a full activation gives it); deactivated on exit."""
+    registry = with_requirements(adapters)
+    act = Activation(lambda: registry)
     report = act.activate(process="driver", strict=strict)
     try:
         yield report
@@ -158,7 +177,7 @@ def CONFIG_CLASSES() -> list[type]:  # noqa: N802 - a constant computed late
     from speculators.config import SpeculatorModelConfig
     from speculators.models.eagle import EagleSpeculator
 
-    from speculators_compat.adapters.transformers5_config_dataclass import config_class
+    from speculators_compat.adapters._probes import config_class
 
     return [config_class(), SpeculatorModelConfig, EagleSpeculator]
 

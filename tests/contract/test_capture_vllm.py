@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from speculators_compat._core import CompatError
+from speculators_compat._errors import CompatError
 
 from .support import (
     Base,

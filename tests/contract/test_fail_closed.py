@@ -8,7 +8,9 @@ import pytest
 from helpers import checkpoint
 
 from speculators_compat import _env
-from speculators_compat._core import Activation, CompatError, Status
+from speculators_compat._activation import Activation
+from speculators_compat._errors import CompatError
+from speculators_compat._report import Status
 
 from .support import (
     BY_NAME,

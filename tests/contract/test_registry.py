@@ -9,7 +9,9 @@ import importlib.util
 
 import pytest
 
-from speculators_compat._core import Activation, CompatError, Status
+from speculators_compat._activation import Activation
+from speculators_compat._errors import CompatError
+from speculators_compat._report import Status
 from speculators_compat.adapters import ADAPTERS
 
 from .support import (

@@ -13,7 +13,10 @@ from typing import Any
 import pytest
 
 from speculators_compat import _versions
-from speculators_compat._core import Activation, Adapter, Context, Kind, Patcher, Phase, Verdict
+from speculators_compat._activation import Activation
+from speculators_compat._adapter import Adapter, Context, Phase, Verdict
+from speculators_compat._patcher import Patcher
+from speculators_compat._report import Kind
 
 ENV_PREFIX = "SPECULATORS_COMPAT_"
 
@@ -30,8 +33,9 @@ class ToyAdapter(Adapter):
                  verdict: Any = None,
                  change: Callable[[Patcher, Context], None] | None = None,
                  upstream: str = "", summary: str = "", vllm_range: str | None = None,
-                 kind: Kind = Kind.UPSTREAM_CHANGE):
+                 kind: Kind = Kind.UPSTREAM_CHANGE, requires: tuple[str, ...] = ()):
         self.name = name
+        self.requires = requires
         self.kind = kind
         self.phase = phase
         self.upstream = upstream or f"upstream change for {name}"
@@ -103,11 +107,11 @@ def make_activation():
 def toy_global(monkeypatch, make_activation):
     """Replace the package-global activation by one over toy adapters; returns a
     function ``(*adapters) -> Activation`` that installs it."""
-    from speculators_compat import _activation
+    from speculators_compat import _process
 
     def install(*adapters: Adapter) -> Activation:
         act = make_activation(*adapters)
-        monkeypatch.setattr(_activation, "ACTIVATION", act)
+        monkeypatch.setattr(_process, "ACTIVATION", act)
         return act
 
     return install

@@ -12,15 +12,10 @@ import types
 import pytest
 
 from speculators_compat import _env
-from speculators_compat._core import (
-    Activation,
-    CompatError,
-    Kind,
-    Phase,
-    Report,
-    Status,
-    Verdict,
-)
+from speculators_compat._activation import Activation
+from speculators_compat._adapter import Phase, Verdict
+from speculators_compat._errors import CompatError
+from speculators_compat._report import Kind, Report, Status
 
 LOGGER = "speculators_compat"
 

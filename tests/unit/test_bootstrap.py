@@ -12,8 +12,13 @@ import types
 import pytest
 
 import speculators_compat
-from speculators_compat import _activation, _bootstrap, _env, _order
-from speculators_compat._core import Activation, CompatError, Patcher, Phase, Status
+from speculators_compat import _bootstrap, _env, _order, _process
+from speculators_compat._activation import Activation
+from speculators_compat._adapter import Phase
+from speculators_compat._errors import CompatError
+from speculators_compat._patcher import Patcher
+from speculators_compat._report import Status
+from speculators_compat.adapters import ADAPTERS
 
 DIR = _bootstrap.DIRECTORY
 
@@ -50,7 +55,7 @@ def test_install_is_a_no_op_where_inherited(monkeypatch):
 
 def test_package_activation_sets_pythonpath_and_deactivate_restores(toy, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/keep")
-    act = Activation(lambda: [toy("a")], on_activate=_activation._bootstrap_hook)
+    act = Activation(lambda: [toy("a")], on_activate=_process._bootstrap_hook)
     act.activate()
     assert os.environ["PYTHONPATH"] == f"{DIR}{os.pathsep}/keep"
     assert os.environ[_env.ACTIVE] == "1"
@@ -98,9 +103,14 @@ def _all_adapters_disabled() -> str:
     return ",".join(a.name for a in ADAPTERS)
 
 
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(speculators_compat.__file__)))
+
+
 def _python(code: str, *args: str, flag: bool, pythonpath: list[str], extra_env=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECULATORS_COMPAT_")}
-    env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    # ...then the folder this package is imported from, so the child runs the code under
+    # test (not another installed copy of it)
+    env["PYTHONPATH"] = os.pathsep.join([*pythonpath, SRC])
     env[_env.DISABLE] = _all_adapters_disabled()  # keep it cheap: no vLLM import
     if flag:
         env[_env.ACTIVE] = "1"
@@ -236,7 +246,7 @@ def test_activate_deactivate_activate_after_importing_while_active(toy_global, t
 
 def test_earlier_import_is_fine_when_no_import_time_adapter_applied(toy_global, toy,
                                                                     monkeypatch):
-    from speculators_compat._core import Verdict
+    from speculators_compat._adapter import Verdict
 
     toy_global(toy("transformers5_config_torch", verdict=Verdict.not_needed("tf 4")))
     monkeypatch.setitem(sys.modules, "speculators", types.ModuleType("speculators"))
@@ -244,18 +254,20 @@ def test_earlier_import_is_fine_when_no_import_time_adapter_applied(toy_global, 
 
 
 def test_order_check_names_only_the_modules_an_adapter_precedes():
-    assert _order.import_time()["transformers5_config_torch"] == ("speculators",)
-    assert _order.import_time()["kv_cache_helpers_relocated"] == ("speculators.data_generation",)
+    assert _order.import_time(ADAPTERS)["transformers5_config_torch"] == ("speculators",)
+    assert (_order.import_time(ADAPTERS)["kv_cache_helpers_relocated"]
+            == ("speculators.data_generation",))
     before = frozenset({"speculators.utils"})
     act = Activation(lambda: [])
     rep = act.activate()
-    from speculators_compat._core import AdapterResult
+    from speculators_compat._report import AdapterResult
 
     rep.results.append(AdapterResult("kv_cache_helpers_relocated", Status.APPLIED, "", "", "",
                                      "both", None))
-    _order.check_import_order(rep, before)  # speculators.utils is not what it precedes
+    _order.check_import_order(rep, before, ADAPTERS)  # speculators.utils is not what it precedes
     with pytest.raises(CompatError):
-        _order.check_import_order(rep, before | {"speculators.data_generation.custom_worker"})
+        _order.check_import_order(rep, before | {"speculators.data_generation.custom_worker"},
+                                  ADAPTERS)
     act.deactivate()
 
 

@@ -22,7 +22,7 @@ from capture_fakes import (  # noqa: E402
 )
 
 from speculators_compat._capture import LayerCapture, scheduled_positions  # noqa: E402
-from speculators_compat._core import CompatError  # noqa: E402
+from speculators_compat._errors import CompatError  # noqa: E402
 
 LAYERS = [0, 2, 3]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from speculators_compat._core import Phase, Stage
+from speculators_compat._adapter import Phase, Stage
 from speculators_compat.adapters import ADAPTERS, _targets
 
 TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*(\(\))?(\.[A-Za-z_]\w*)?$")
@@ -54,7 +54,7 @@ def test_import_order_check_follows_the_declared_stages():
     from speculators_compat import _order
 
     declared = {a.name: a.stage.precedes for a in ADAPTERS if a.stage.precedes}
-    assert {n: p[0] for n, p in _order.import_time().items()} == declared
+    assert {n: p[0] for n, p in _order.import_time(ADAPTERS).items()} == declared
     assert declared["transformers5_config_torch"] == "speculators"
     assert declared["kv_cache_helpers_relocated"] == "speculators.data_generation"
 

@@ -28,7 +28,7 @@ def test_every_adapter_is_documented_in_its_module():
 def test_every_adapter_declares_its_kind():
     """Only ``upstream-change`` adapters may carry a vLLM range: the others act on every
     release where their condition holds (platform, a speculators hazard, scope)."""
-    from speculators_compat._core import Kind
+    from speculators_compat._report import Kind
     from speculators_compat.adapters import ADAPTERS
 
     for a in ADAPTERS:

@@ -10,7 +10,9 @@ import pytest
 import wrapt
 
 from speculators_compat import _env
-from speculators_compat._core import CompatError, Phase, Status, Verdict
+from speculators_compat._adapter import Phase, Verdict
+from speculators_compat._errors import CompatError
+from speculators_compat._report import Status
 
 
 @pytest.fixture
@@ -159,7 +161,7 @@ def test_guard_not_needed_or_applied_does_not_refuse(Guard, make_activation, mod
 @pytest.mark.parametrize("disable", ["guard", "safeguard"])
 def test_guard_disabled_by_the_user_does_not_refuse(Guard, make_activation, mod, monkeypatch,
                                                    disable):
-    from speculators_compat._core import Kind
+    from speculators_compat._report import Kind
 
     monkeypatch.setenv(_env.DISABLE, disable)
     g = Guard("guard", mod, verdict=Verdict.mismatch("unknown"), kind=Kind.SAFEGUARD)

@@ -14,14 +14,12 @@ import types
 import pytest
 
 from speculators_compat import worker_extension
-from speculators_compat._core import CompatError, Context, Patcher
+from speculators_compat._adapter import Context
+from speculators_compat._errors import CompatError
+from speculators_compat._patcher import Patcher
 from speculators_compat.adapters import generate_guard
-from speculators_compat.adapters.generate_guard import (
-    WORKER_EXTENSION_KEY,
-    GenerateGuard,
-    validate_batch,
-)
-from speculators_compat.adapters.hook_capture import running_extensions
+from speculators_compat.adapters._shared import WORKER_EXTENSION_KEY, running_extensions
+from speculators_compat.adapters.generate_guard import GenerateGuard, validate_batch
 
 OURS = worker_extension.EXTENSIONS["by_request"]
 

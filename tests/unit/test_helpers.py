@@ -59,6 +59,20 @@ def test_contract_names_have_one_home():
     assert set(worker_extension.EXTENSIONS) == set(_speculators.CONTRACTS)
 
 
+def test_the_extension_names_adapters_use_are_the_worker_extension_classes():
+    """``hook_capture`` names the shim's extensions by string (adapters import no entry
+    point); those strings are the classes :mod:`speculators_compat.worker_extension` has."""
+    import importlib
+
+    from speculators_compat import worker_extension
+    from speculators_compat.adapters import _shared
+
+    assert _shared.COMPAT_EXTENSIONS == worker_extension.EXTENSIONS
+    for path in _shared.COMPAT_EXTENSIONS.values():
+        module, _, name = path.rpartition(".")
+        assert getattr(importlib.import_module(module), name).CONTRACT in _speculators.CONTRACTS
+
+
 def test_every_kind_describes_itself():
     for k in Kind:
         assert k.description and k.description[0].islower(), k

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from speculators_compat import _model_support as ms
-from speculators_compat._core import CompatError
+from speculators_compat._errors import CompatError
 
 GPT_OSS = SimpleNamespace(architectures=["GptOssForCausalLM"],
                           layer_types=["sliding_attention", "full_attention"] * 2)

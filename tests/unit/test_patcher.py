@@ -9,7 +9,8 @@ import types
 import pytest
 import wrapt
 
-from speculators_compat._core import Patcher, Status
+from speculators_compat._patcher import Patcher
+from speculators_compat._report import Status
 
 
 def _tag(tag):

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from speculators_compat import _env, _plugin
-from speculators_compat._core import Phase, Status
+from speculators_compat import _env, _plugin, _process
+from speculators_compat._adapter import Phase
+from speculators_compat._report import Status
 
 
 @pytest.fixture
@@ -24,7 +25,7 @@ def test_register_does_nothing_when_not_active(toy_global, adapters):
     assert act.report is None
     assert all(a.probe_calls == 0 and a.apply_calls == 0 for a in adapters)
     assert _env.ACTIVE not in os.environ
-    assert _plugin.worker_report() is None
+    assert _process.worker_report() is None
 
 
 @pytest.mark.parametrize("value", ["0", "", "false"])
@@ -44,8 +45,8 @@ def test_register_activates_as_worker_when_active(toy_global, adapters, monkeypa
     assert rep.process == "worker"
     assert rep["driver_side"].status is Status.NOT_NEEDED
     assert rep.applied == ["worker_side", "both_sides"]
-    assert _plugin.worker_report() == rep.as_dict()
-    assert _plugin.worker_report(object()) == rep.as_dict()  # collective_rpc passes a worker
+    assert _process.worker_report() == rep.as_dict()
+    assert _process.worker_report(object()) == rep.as_dict()  # collective_rpc passes a worker
 
 
 def test_register_is_reentrant(toy_global, adapters, monkeypatch):
@@ -70,11 +71,11 @@ def test_only_and_strict_travel_to_the_worker(toy_global, adapters, toy):
     """``activate(only=..., strict=...)`` in the driver: the environment its workers
     inherit carries both, the worker's activation honours them, and ``deactivate()``
     restores the environment."""
-    from speculators_compat import _activation
-    from speculators_compat._core import CompatError, Verdict
+    from speculators_compat._adapter import Verdict
+    from speculators_compat._errors import CompatError
 
     driver = toy_global(*adapters)
-    _activation.activate(only=["worker_side", "driver_side"], strict=True)
+    _process.activate(only=["worker_side", "driver_side"], strict=True)
     assert os.environ[_env.ONLY] == "driver_side,worker_side"
     assert os.environ[_env.STRICT] == "1"
     inherited = dict(os.environ)

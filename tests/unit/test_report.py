@@ -10,7 +10,9 @@ import pytest
 
 import speculators_compat
 from speculators_compat import _env
-from speculators_compat._core import CompatError, Phase, Status, Verdict
+from speculators_compat._adapter import Phase, Verdict
+from speculators_compat._errors import CompatError
+from speculators_compat._report import Status
 
 VERSION_KEYS = {"speculators_compat", "vllm", "speculators", "torch", "transformers"}
 

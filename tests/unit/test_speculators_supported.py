@@ -2,7 +2,9 @@
 
 import pytest
 
-from speculators_compat._core import Context, Status, UnsupportedError
+from speculators_compat._adapter import Context
+from speculators_compat._errors import UnsupportedError
+from speculators_compat._report import Status
 from speculators_compat.adapters import _probes
 from speculators_compat.adapters.speculators_supported import SpeculatorsSupported
 

@@ -7,8 +7,10 @@ speculators at module level then fails in the worker on transformers 5.
 
 How: :func:`install` (called by every activation, through its Patcher) prepends this
 folder to ``PYTHONPATH``. Its ``sitecustomize.py`` runs at the start of every child
-interpreter, after site processing and before the main script, and calls :func:`start`
-when ``SPECULATORS_COMPAT_ACTIVE`` is set. Nothing happens in processes that never
+interpreter, after site processing and before the main script, and calls
+:func:`speculators_compat._process.start` when ``SPECULATORS_COMPAT_ACTIVE`` is set, which
+activates as :func:`process_kind` says. This module holds only what the folder and the
+command line tell (it imports no activation). Nothing happens in processes that never
 activated: the folder is on ``PYTHONPATH`` only below an activated process.
 """
 
@@ -16,8 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-
-from .. import _env
 
 #: This folder: the one put on PYTHONPATH (it holds ``sitecustomize.py``).
 DIRECTORY = os.path.dirname(os.path.abspath(__file__))
@@ -102,25 +102,3 @@ def _launch(orig_argv: list[str]) -> tuple[str, str]:
         elif not a.startswith("-") or a == "-":
             return "script", a
     return "script", ""
-
-
-def start() -> None:
-    """Activate in a freshly started interpreter (called by ``sitecustomize``).
-
-    Never raises: the interpreter must start whatever happens here. A child that
-    activates as driver does not write ``SPECULATORS_COMPAT_REPORT_FILE``: that file
-    is the explicitly activated process's report.
-    """
-    if not _env.flag(os.environ.get(_env.ACTIVE)):
-        return
-    kind = process_kind()
-    if kind is None:
-        return
-    try:
-        from .._activation import ACTIVATION
-
-        ACTIVATION.activate(process=kind, write_report=False)
-    except Exception as exc:  # noqa: BLE001 - never take the interpreter down
-        sys.stderr.write(
-            f"speculators-compat: WARNING: activation at interpreter start failed in pid "
-            f"{os.getpid()} ({kind}): {type(exc).__name__}: {exc}\n")

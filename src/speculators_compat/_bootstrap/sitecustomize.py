@@ -16,7 +16,7 @@ Python inherits both. Python imports ``sitecustomize`` after site processing (fu
    entry after this folder), so the environment behaves as without us;
 2. activates speculators-compat only if the flag is set (otherwise it costs one
    ``os.environ`` look-up), choosing the process kind in
-   :func:`speculators_compat._bootstrap.start`.
+   :func:`speculators_compat._process.start`.
 
 It never stops the interpreter: any failure is printed as one warning line. Standard
 library only up to the flag check, so it also works in an interpreter where the
@@ -66,7 +66,7 @@ def _activate():
             "1", "true", "yes", "on"):
         return
     try:
-        from speculators_compat._bootstrap import start
+        from speculators_compat._process import start
     except Exception as exc:
         sys.stderr.write(
             f"speculators-compat: WARNING: SPECULATORS_COMPAT_ACTIVE is set but the package "

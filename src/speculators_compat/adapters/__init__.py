@@ -2,12 +2,13 @@
 
 Order matters: fixes that must precede ``import speculators`` come first, then those
 that must precede the import of speculators' generator module, then the ones that
-rebind names inside it (wrappers stack in this order, the last one outermost).
+rebind names inside it (wrappers stack in this order, the last one outermost). An
+adapter comes after those it ``requires`` (the activation checks it).
 """
 
 from __future__ import annotations
 
-from .._core import Adapter
+from .._adapter import Adapter
 from .block_hasher_unused import BlockHasherUnused
 from .collective_rpc_unique_reply import CollectiveRpcUniqueReply
 from .cpu_block_size import CPUBlockSize
@@ -62,11 +63,11 @@ ADAPTERS: list[Adapter] = [
     BlockHasherUnused(),
     KVCacheLayoutResolution(),
     ExecutorSampleTokens(),
+    HookCapture(),  # before the adapters that require it (shm_transport, ...)
     RequestMetadataInDriver(),
     ShmTransport(),  # inside collective_rpc_unique_reply: it sees vLLM's reply convention
     CollectiveRpcUniqueReply(),
     ExecutorWarmupSplit(),
-    HookCapture(),
     ResultOrderNatural(),
     GenerateGuard(),
     WorkerSpawnMethod(),

@@ -13,7 +13,7 @@ import inspect
 from types import ModuleType
 from typing import Any
 
-from .._adapter import Context
+from .._adapter import Context, Verdict
 from .._speculators import (
     CONTRACT_BY_REQUEST,
     CONTRACT_LIST,
@@ -138,3 +138,25 @@ def speculators_class(ctx: Context, module: str, name: str) -> type | None:
         return getattr(importlib.import_module(module), name, None)
     except ModuleNotFoundError:
         return None
+
+
+#: transformers' config module (its config base: the ``transformers5_config_*`` adapters).
+TRANSFORMERS_CONFIG = "transformers.configuration_utils"
+
+
+def config_class() -> type | None:
+    """transformers' config base (``PreTrainedConfig``; ``PretrainedConfig`` on 4.x)."""
+    mod = importlib.import_module(TRANSFORMERS_CONFIG)
+    return getattr(mod, "PreTrainedConfig", None) or getattr(mod, "PretrainedConfig", None)
+
+
+def config_base(ctx: Context) -> tuple[type | None, Verdict | None]:
+    """transformers' ``PreTrainedConfig``, or the verdict that ends a transformers-5 config
+    probe before it looks further (transformers missing, or no such class). The three
+    ``transformers5_config_*`` adapters start their probes with it."""
+    if ctx.versions.get("transformers") is None:
+        return None, Verdict.not_needed("transformers is not installed")
+    base = config_class()
+    if base is None:
+        return None, Verdict.mismatch(f"{TRANSFORMERS_CONFIG} has no PreTrainedConfig")
+    return base, None

@@ -23,6 +23,6 @@ def in_generator(*names: str) -> tuple[str, ...]:
     return tuple(f"{GENERATOR_MODULE}:{n}" for n in names)
 
 
-#: What ``generate_guard.refuse_generator`` wraps when a fail-closed adapter refuses.
+#: What ``_shared.refuse_generator`` wraps when a fail-closed adapter refuses.
 REFUSAL_TARGETS = in_generator("VllmHiddenStatesGenerator.__init__",
                                "VllmHiddenStatesGenerator.generate")

@@ -38,17 +38,13 @@ from .._adapter import Context, Verdict
 from .._errors import CompatError
 from .._patcher import Patcher, _label, target_of
 from .._report import Kind
-from . import _helpers, _probes, _targets
+from . import _helpers, _probes, _shared, _targets
 from ._base import GeneratorAdapter
-from .scheduler_prefill_only import ABORT_ALL
 
 logger = logging.getLogger("speculators_compat")
 
 #: Seconds an RPC issued by the guard itself may wait for the workers.
 RPC_TIMEOUT_S = 120.0
-#: Key under which the activation's context holds the extension class the workers of a
-#: generator built now must run (set by ``hook_capture`` when it applies).
-WORKER_EXTENSION_KEY = "worker_extension_cls"
 
 #: generator -> why it refuses every further call.
 _UNUSABLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -122,7 +118,7 @@ def _cleanup(generator, counter_before: Any) -> None:
     """Remove every trace of a failed call; raise ``CompatError`` if anything is left."""
     scheduler = getattr(generator, "scheduler", None)
     if scheduler is not None:
-        abort_all = getattr(scheduler, ABORT_ALL, None)
+        abort_all = getattr(scheduler, _shared.ABORT_ALL, None)
         if abort_all is not None:  # scheduler_prefill_only would defer unprefilled ones
             abort_all()
         elif scheduler.requests:
@@ -148,8 +144,6 @@ def _cleanup(generator, counter_before: Any) -> None:
 
 def _check_instance(generator, gen: ModuleType, expected_extension: str) -> None:
     """Refuse a generator whose parts were not built by the module as patched now."""
-    from .hook_capture import running_extensions
-
     found = []
     for attr, name in (("scheduler", "Scheduler"), ("executor", "MultiprocExecutor")):
         part = getattr(generator, attr, None)
@@ -159,7 +153,7 @@ def _check_instance(generator, gen: ModuleType, expected_extension: str) -> None
     executor = getattr(generator, "executor", None)
     if executor is not None:
         try:
-            running = running_extensions(executor, RPC_TIMEOUT_S)
+            running = _shared.running_extensions(executor, RPC_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - refuse rather than guess
             found.append(f"its workers could not be asked which extension they run ({exc!r})")
         else:
@@ -176,19 +170,6 @@ def _interrupted(exc: BaseException) -> str:
     return (f"speculators-compat: a generate() of this generator was interrupted "
             f"({type(exc).__name__}); its scheduler and workers may still hold that call's "
             f"requests and replies. {REBUILD}")
-
-
-def refuse_generator(patcher: Patcher, ctx: Context, message: str) -> None:
-    """Fail closed: make building a generator, and ``generate()``, raise ``message``."""
-    gen = _probes.generator_module(ctx)
-    if gen is None:
-        return
-
-    def refuse(wrapped, instance, args, kwargs):
-        raise CompatError(message)
-
-    patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", refuse)
-    patcher.wrap(gen.VllmHiddenStatesGenerator, "generate", refuse)
 
 
 class GenerateGuard(GeneratorAdapter):
@@ -211,11 +192,11 @@ class GenerateGuard(GeneratorAdapter):
         return Verdict.needed("validate input before requests are added; clean up on failure")
 
     def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:
-        refuse_generator(patcher, ctx, message)
+        _shared.refuse_generator(patcher, ctx, message)
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         cls = gen.VllmHiddenStatesGenerator
-        expected = ctx.memo(WORKER_EXTENSION_KEY, lambda: _targets.WORKER_EXTENSION)
+        expected = ctx.memo(_shared.WORKER_EXTENSION_KEY, lambda: _targets.WORKER_EXTENSION)
         built: weakref.WeakSet = weakref.WeakSet()
         checked: weakref.WeakSet = weakref.WeakSet()
 
@@ -273,5 +254,3 @@ class GenerateGuard(GeneratorAdapter):
         # Same label as the __init__ wrap: both change what __init__ leaves behind.
         patcher.on_revert(f"{_label(cls)}.__init__", mark_live_instances,
                           target_of(cls, "__init__"))
-
-

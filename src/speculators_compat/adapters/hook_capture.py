@@ -21,7 +21,7 @@ restored afterwards (vLLM's own engines in the same process are unaffected). vLL
 removed Model Runner V1 (and with it the switch): there the V2 path is the only one, and
 the report says when a user's ``VLLM_USE_V2_MODEL_RUNNER=0`` cannot be honoured. Which
 extension a live generator's workers really run is asked from the workers themselves
-(``running_extensions``): ``generate_guard`` refuses a generator whose workers run
+(``_shared.running_extensions``): ``generate_guard`` refuses a generator whose workers run
 another one than the current activation names (one built before ``activate()``).
 Applies when: the installed vLLM has any of the changes above.
 Fails closed: when its probe finds an unknown shape or raises, building the generator
@@ -31,15 +31,14 @@ Remove when: speculators < 0.5 support is dropped.
 
 from __future__ import annotations
 
-import importlib
 import os
 from types import ModuleType
 
-from .. import worker_extension
 from .._adapter import Context, Verdict
 from .._errors import CompatError
+from .._model_support import check_generator_model
 from .._patcher import Patcher
-from . import _helpers, _probes, _targets
+from . import _helpers, _probes, _shared, _targets
 from ._base import GeneratorAdapter
 
 
@@ -56,24 +55,6 @@ def _reasons(contract: str) -> list[str]:
     if _probes.has_module("vllm.v1.worker.gpu.model_runner"):
         reasons.append("Model Runner V2 exists (rows in its own per-step order)")
     return reasons
-
-
-def worker_classes(worker) -> list[str]:
-    """Runs in each worker (``collective_rpc``): the qualified names of the classes the
-    worker is made of, the ``worker_extension_cls`` vLLM mixed in among them."""
-    inner = getattr(worker, "worker", None) or worker  # vLLM's WorkerWrapperBase
-    return [f"{c.__module__}.{c.__qualname__}" for c in type(inner).__mro__]
-
-
-def running_extensions(executor, timeout: float | None = None) -> list[list[str]]:
-    """Per worker, the hidden-state extensions (speculators' or the shim's) it runs."""
-    known = {_targets.WORKER_EXTENSION, *worker_extension.EXTENSIONS.values()}
-    kwargs = {}
-    if timeout is not None and "timeout" in (_probes.parameters(executor.collective_rpc)
-                                             or {}):
-        kwargs["timeout"] = timeout
-    replies = executor.collective_rpc(worker_classes, **kwargs)
-    return [[name for name in names if name in known] for names in replies]
 
 
 class HookCapture(GeneratorAdapter):
@@ -98,24 +79,22 @@ class HookCapture(GeneratorAdapter):
         reasons = _reasons(contract)
         if not reasons:
             return Verdict.not_needed("speculators' own forward loop matches this vLLM")
-        pin = "; V1 model runner pinned for the generator" if knows_v2_runner_switch() else ""
+        pin = ("; V1 model runner pinned for the generator"
+               if _shared.knows_v2_runner_switch() else "")
         if v1_runner_removed():
             pin = "; Model Runner V1 is gone from this vLLM: rows follow V2's batches"
-            if os.environ.get(V2_SWITCH, "1") != "1":
-                pin += (f" ({V2_SWITCH}={os.environ[V2_SWITCH]} cannot be honoured: this "
+            switch = _shared.V2_SWITCH
+            if os.environ.get(switch, "1") != "1":
+                pin += (f" ({switch}={os.environ[switch]} cannot be honoured: this "
                         "vLLM runs V2 whatever it says; unset it)")
         return Verdict.needed("; ".join(reasons) + f" -> hook capture ({contract} contract)"
                               + pin)
 
     def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:
-        from .generate_guard import refuse_generator
-
-        refuse_generator(patcher, ctx, message)
+        _shared.refuse_generator(patcher, ctx, message)
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        from .generate_guard import WORKER_EXTENSION_KEY
-
-        ours = worker_extension.EXTENSIONS[_probes.worker_contract(ctx)]
+        ours = _shared.COMPAT_EXTENSIONS[_probes.worker_contract(ctx)]
 
         def wrapper(wrapped, instance, args, kwargs):
             if kwargs.get("worker_extension_cls") == _targets.WORKER_EXTENSION:
@@ -129,36 +108,24 @@ class HookCapture(GeneratorAdapter):
 
         patcher.wrap(gen, "ParallelConfig", wrapper)
         patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", _refuse_unsupported_models)
-        if knows_v2_runner_switch():
+        if _shared.knows_v2_runner_switch():
             # the generator (config + spawned workers) is built with the V1 model runner unless
             # the user chose (the worker then refuses V2 clearly)
             patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__",
-                         _helpers.with_env_default(V2_SWITCH, "0"))
-        ctx.memo(WORKER_EXTENSION_KEY, lambda: ours)  # what generate_guard checks workers for
+                         _helpers.with_env_default(_shared.V2_SWITCH, "0"))
+        ctx.memo(_shared.WORKER_EXTENSION_KEY, lambda: ours)  # generate_guard checks workers
 
 
 def _refuse_unsupported_models(wrapped, instance, args, kwargs):
     """Before the generator loads anything: refuse models known not to run here."""
-    from .._model_support import check_generator_model
-
     path = kwargs.get("model_path", args[0] if args else None)
     if isinstance(path, str):
         check_generator_model(path)
     return wrapped(*args, **kwargs)
 
 
-V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"
-
 
 def v1_runner_removed() -> bool:
     """vLLM 0.34 removed Model Runner V1 (``vllm/v1/worker/gpu_model_runner.py``)."""
     return (_probes.has_module("vllm.v1.worker.gpu.model_runner")
             and not _probes.has_module("vllm.v1.worker.gpu_model_runner"))
-
-
-def knows_v2_runner_switch() -> bool:
-    try:
-        envs = importlib.import_module("vllm.envs")
-    except ImportError:
-        return False
-    return V2_SWITCH in getattr(envs, "environment_variables", {})

@@ -13,7 +13,7 @@ How: the ``MultiprocExecutor`` that speculators' module builds answers that one 
 the driver with what the workers answer (``None`` from each), without sending it. Any
 other call, vLLM's own callers and other executors are untouched; a call with other
 arguments (``unique_reply_rank``, ``non_block``, keyword ``kwargs``) still goes out.
-Applies when: the workers run the shim's extension (``hook_capture`` applies) and the
+Applies when: the workers run the shim's extension (requires ``hook_capture``) and the
 installed generator sends ``_set_request_metadata`` (probed in its source).
 Remove when: speculators 0.4.x support is dropped.
 """
@@ -28,7 +28,6 @@ from .._patcher import Patcher
 from .._report import Kind
 from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
-from .hook_capture import HookCapture
 
 METADATA_RPC = "_set_request_metadata"
 
@@ -44,13 +43,12 @@ class RequestMetadataInDriver(GeneratorAdapter):
     speculators_range = ">=0.4.0.dev0,<0.5.0.dev0"
     remove_when = "speculators 0.4.x support is dropped"
     targets = _targets.in_generator("MultiprocExecutor")
+    #: Only the shim's extension ignores the counts; speculators' own one needs them.
+    requires = ("hook_capture",)
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         if f'"{METADATA_RPC}"' not in (_probes.source(gen) or ""):
             return Verdict.not_needed("the generator sends no per-step request metadata")
-        if not HookCapture().check(ctx, gen).apply:
-            return Verdict.not_needed("speculators' own worker extension captures and "
-                                      "needs the metadata")
         return Verdict.needed("the generator sends every step's token counts to the "
                               "workers, whose capture (the shim's) does not use them: "
                               "answered in the driver, one round trip per step saved")

@@ -32,7 +32,7 @@ from types import ModuleType
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
 from .._report import Kind
-from . import _helpers, _probes, _targets
+from . import _helpers, _probes, _shared, _targets
 from ._base import GeneratorAdapter
 
 
@@ -62,9 +62,7 @@ class SchedulerPrefillOnly(GeneratorAdapter):
     fail_closed = True
 
     def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:
-        from .generate_guard import refuse_generator
-
-        refuse_generator(patcher, ctx, message)
+        _shared.refuse_generator(patcher, ctx, message)
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         sched, req = gen.Scheduler, gen.Request
@@ -114,8 +112,5 @@ class SchedulerPrefillOnly(GeneratorAdapter):
 
         patcher.setattr(gen, "Scheduler", _helpers.subclass(
             base, self.name, {"schedule": schedule, "finish_requests": finish_requests,
-                              ABORT_ALL: abort_all}))
+                              _shared.ABORT_ALL: abort_all}))
 
-
-#: Method of the rebound ``Scheduler`` that aborts everything at once (no deferral).
-ABORT_ALL = "_compat_abort_all"

@@ -39,7 +39,7 @@ vLLM reduced the driver's intra-op threads when its executor started, the rest o
 returned tensor) runs with up to 8 of the driver's original threads, so that those copies are
 not single-threaded; the model steps before it keep vLLM's count, and the reduced count
 is restored when ``generate()`` returns.
-Applies when: the shim's worker extension captures (``hook_capture`` applies) and the
+Applies when: the shim's worker extension captures (requires ``hook_capture``) and the
 machine has ``memfd_create`` with a readable ``/proc/<pid>/fd``.
 Remove when: speculators < 0.5 support is dropped.
 """
@@ -59,7 +59,6 @@ from .._patcher import Patcher
 from .._report import Kind
 from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
-from .hook_capture import HookCapture
 
 #: The speculators RPC whose reply is carried through shared memory, and the one that
 #: starts a call (answered with the call's plan so rows stream while the model runs).
@@ -91,10 +90,12 @@ class ShmTransport(GeneratorAdapter):
                                        "VllmHiddenStatesGenerator.__init__",
                                        "VllmHiddenStatesGenerator.generate")
 
+    #: The RPCs it sends (``_compat_reset_capture``, ``_compat_export_states``) are answered
+    #: only by the shim's worker extension: where speculators' own extension captures, its
+    #: replies keep vLLM's collective_rpc path.
+    requires = ("hook_capture",)
+
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        if not HookCapture().check(ctx, gen).apply:
-            return Verdict.not_needed("speculators' own worker extension captures; its "
-                                      "replies keep vLLM's collective_rpc path")
         if "unique_reply_rank" not in (_probes.parameters(gen.MultiprocExecutor.collective_rpc)
                                        or {}):
             return Verdict.mismatch("MultiprocExecutor.collective_rpc has no unique_reply_rank")

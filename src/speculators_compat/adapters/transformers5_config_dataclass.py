@@ -26,31 +26,13 @@ subclasses of ``PretrainedConfig``).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from .._adapter import Adapter, Context, Phase, Stage, Verdict
 from .._patcher import Patcher
+from . import _probes
 
-MODULE = "transformers.configuration_utils"
-
-
-def config_class() -> type | None:
-    """transformers' config base (``PreTrainedConfig``; ``PretrainedConfig`` on 4.x)."""
-    mod = importlib.import_module(MODULE)
-    return getattr(mod, "PreTrainedConfig", None) or getattr(mod, "PretrainedConfig", None)
-
-
-def config_base(ctx: Context) -> tuple[type | None, Verdict | None]:
-    """transformers' ``PreTrainedConfig``, or the verdict that ends a transformers-5 config
-    probe before it looks further (transformers missing, or no such class). The three
-    ``transformers5_config_*`` adapters start their probes with it."""
-    if ctx.versions.get("transformers") is None:
-        return None, Verdict.not_needed("transformers is not installed")
-    base = config_class()
-    if base is None:
-        return None, Verdict.mismatch(f"{MODULE} has no PreTrainedConfig")
-    return base, None
+MODULE = _probes.TRANSFORMERS_CONFIG
 
 
 def is_speculators_model(cls: type) -> bool:
@@ -83,7 +65,7 @@ class Transformers5ConfigDataclass(Adapter):
     targets = (f"{MODULE}:PreTrainedConfig.__init_subclass__",)
 
     def probe(self, ctx: Context) -> Verdict:
-        base, early = config_base(ctx)
+        base, early = _probes.config_base(ctx)
         if early is not None:
             return early
         if "__init_subclass__" not in vars(base):
@@ -95,7 +77,7 @@ class Transformers5ConfigDataclass(Adapter):
             "generated dataclass __init__ that runs before pydantic's")
 
     def apply(self, patcher: Patcher, ctx: Context) -> None:
-        base = config_class()
+        base = _probes.config_class()
         assert base is not None
         hook = vars(base)["__init_subclass__"]
         original = hook.__func__ if isinstance(hook, classmethod) else hook

@@ -23,8 +23,8 @@ import inspect
 
 from .._adapter import Adapter, Context, Phase, Stage, Verdict
 from .._patcher import Patcher
+from . import _probes
 from ._probes import speculators_class
-from .transformers5_config_dataclass import config_base
 
 EAGLE = "speculators.models.eagle"
 READ = "transformer_layer_config.pad_token_id"
@@ -46,7 +46,7 @@ class Transformers5ConfigPadToken(Adapter):
     targets = (f"{EAGLE}:EagleSpeculator.__init__",)
 
     def probe(self, ctx: Context) -> Verdict:
-        base, early = config_base(ctx)
+        base, early = _probes.config_base(ctx)
         if early is not None:
             return early
         if hasattr(base(), "pad_token_id"):

@@ -23,8 +23,8 @@ from typing import Any
 
 from .._adapter import Adapter, Context, Phase, Stage, Verdict
 from .._patcher import Patcher
+from . import _probes
 from ._probes import speculators_class
-from .transformers5_config_dataclass import config_base, config_class
 
 SPECULATORS_CONFIG = "speculators.config"
 
@@ -66,7 +66,7 @@ class Transformers5ConfigValidate(Adapter):
     targets = (f"{SPECULATORS_CONFIG}:SpeculatorModelConfig.validate",)
 
     def probe(self, ctx: Context) -> Verdict:
-        base, early = config_base(ctx)
+        base, early = _probes.config_base(ctx)
         if early is not None:
             return early
         theirs = vars(base).get("validate")
@@ -87,7 +87,7 @@ class Transformers5ConfigValidate(Adapter):
     def apply(self, patcher: Patcher, ctx: Context) -> None:
         from pydantic import BaseModel
 
-        base = config_class()
+        base = _probes.config_class()
         spec = speculators_config_class(ctx)
         assert base is not None and spec is not None
         pydantic_validate = vars(BaseModel)["validate"]

@@ -177,7 +177,7 @@ def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequ
                     max_model_len=max_model_len, **kwargs)
         try:
             if activate:
-                from .._plugin import worker_report
+                from .._process import worker_report
 
                 # A function, not the extension's RPC: speculators' own extension (where
                 # hook_capture is not needed, e.g. its pinned vLLM) has no report method.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from helpers import checkpoint
 
-from speculators_compat._core import CompatError
+from speculators_compat._errors import CompatError
 
 from ..support import (
     APPLIED,

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from speculators_compat._core import CompatError
+from speculators_compat._errors import CompatError
 
 from ..support import (
     BY_NAME,

@@ -58,7 +58,7 @@ def bindings(act, gen):
 
 def after() -> dict:
     import speculators_compat
-    from speculators_compat._activation import ACTIVATION
+    from speculators_compat._process import ACTIVATION
 
     first = speculators_compat.activate()
     import importlib

@@ -26,7 +26,7 @@ if __name__ == "__main__":
         result["driver_report"] = speculators_compat.activate().as_dict()
     from vllm import LLM, SamplingParams
 
-    from speculators_compat._plugin import worker_report
+    from speculators_compat._process import worker_report
     from speculators_compat.adapters.cpu_block_size import cpu_accepts_16
 
     # Same engine settings with and without activate(). Block size 16 where the CPU

@@ -42,7 +42,7 @@ def parse_args():
 def worker_reports(generator):
     """What vLLM's workers say about the shim (test-only side output; ``None`` without it)."""
     try:
-        from speculators_compat._plugin import worker_report
+        from speculators_compat._process import worker_report
     except ImportError:
         return None
     return generator.executor.collective_rpc(worker_report)
