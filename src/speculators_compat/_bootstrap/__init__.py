@@ -18,6 +18,7 @@ import os
 import sys
 
 from .. import _env
+from .._patcher import ENVIRON
 
 #: This folder: the one put on PYTHONPATH (it holds ``sitecustomize.py``).
 DIRECTORY = os.path.dirname(os.path.abspath(__file__))
@@ -48,7 +49,8 @@ def _same(entry: str) -> bool:
 
 
 def install(patcher, process: str) -> None:
-    """Prepend :data:`DIRECTORY` to ``PYTHONPATH`` (undone by ``deactivate()``).
+    """Prepend :data:`DIRECTORY` to ``PYTHONPATH`` (``deactivate()`` removes it again,
+    and only it).
 
     Called by every activation. A no-op where the folder is already there (children
     of an activated process inherit it).
@@ -56,7 +58,26 @@ def install(patcher, process: str) -> None:
     current = os.environ.get("PYTHONPATH")
     if on_pythonpath(current):
         return
-    patcher.setenv("PYTHONPATH", DIRECTORY + (os.pathsep + current if current else ""))
+    os.environ["PYTHONPATH"] = DIRECTORY + (os.pathsep + current if current else "")
+    patcher.on_revert("os.environ['PYTHONPATH']", lambda: uninstall(current),
+                      f"{ENVIRON}:PYTHONPATH")
+
+
+def uninstall(previous: str | None) -> None:
+    """Remove only :data:`DIRECTORY` from ``PYTHONPATH``: entries added since
+    :func:`install` stay. ``previous``: the value before it, restored exactly when
+    nothing else changed (an unset variable stays unset)."""
+    value = os.environ.get("PYTHONPATH")
+    if value is None:
+        return
+    kept = [entry for entry in value.split(os.pathsep) if not (entry and _same(entry))]
+    rest = os.pathsep.join(kept)
+    if value == DIRECTORY + (os.pathsep + previous if previous else ""):
+        rest = previous
+    if rest is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = rest
 
 
 def process_kind(argv: list[str] | None = None, orig_argv: list[str] | None = None) -> str | None:
