@@ -7,9 +7,11 @@ speculators at module level then fails in the worker on transformers 5.
 
 How: :func:`install` (called by every activation, through its Patcher) prepends this
 folder to ``PYTHONPATH``. Its ``sitecustomize.py`` runs at the start of every child
-interpreter, after site processing and before the main script, and calls :func:`start`
-when ``SPECULATORS_COMPAT_ACTIVE`` is set. Nothing happens in processes that never
-activated: the folder is on ``PYTHONPATH`` only below an activated process.
+interpreter, after site processing and before the main script; when
+``SPECULATORS_COMPAT_ACTIVE`` is set it arms a ``sys.meta_path`` finder that calls
+:func:`start` on the first import of ``speculators`` or ``vllm``, before that import
+runs (a child that imports neither pays nothing). Nothing happens in processes that
+never activated: the folder is on ``PYTHONPATH`` only below an activated process.
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ def _launch(orig_argv: list[str]) -> tuple[str, str]:
 
 
 def start() -> None:
-    """Activate in a freshly started interpreter (called by ``sitecustomize``).
+    """Activate in a child interpreter (called by ``sitecustomize``'s finder, on the first
+    import of speculators or vLLM).
 
     Never raises: the interpreter must start whatever happens here. A child that
     activates as driver does not write ``SPECULATORS_COMPAT_REPORT_FILE``: that file
