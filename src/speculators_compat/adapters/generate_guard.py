@@ -7,9 +7,17 @@ kills the workers (TP = 1 on a GPU), and any failure mid-call leaves requests (a
 captured rows) behind that the next call would silently return as part of its own batch.
 A generator outlives what it was built with: after ``deactivate()`` (or one built before
 ``activate()``) its scheduler, executor and workers no longer match the patched module.
+Malformed input (a single sequence, a dict, a NumPy array, tuples) fails with a
+``TypeError`` or ``AttributeError`` that names neither the input nor the fix; sequences
+longer than ``max_model_len - 1`` are cut silently; a dead worker surfaces as
+``RuntimeError: cancelled`` and then ``AssertionError`` on every later call.
 How: wrap ``VllmHiddenStatesGenerator.generate`` (speculators' class, the consumer):
-before it runs, reject an empty batch, empty sequences, non-integer tokens and ids
-outside ``0..vocab_size-1`` with a message naming the sequence (and position); at the
+before it runs, reject a batch that is not what speculators handles (``_batch``: the
+input's type and what is expected), an empty batch, empty sequences, non-integer tokens
+and ids outside ``0..vocab_size-1`` with a message naming the sequence (and position);
+log one warning per call for the sequences speculators will cut (``CompatError`` under
+``SPECULATORS_COMPAT_STRICT=1``); refuse a generator whose vLLM worker process has
+exited, naming it (``_liveness``: pid, exit code), in the call it kills and after; at the
 first call of each generator, check that its scheduler and executor are the classes the
 module binds now and ask its workers which extension class they run. If the call raises
 an ``Exception``, abort every request left in its scheduler (deferred ones included),
