@@ -343,7 +343,8 @@ TORCH34 = "torch==2.14.0"
 FALLBACKS = {"triton": "triton==3.8.0", "nccl": "nvidia-nccl-cu13==2.32.3"}
 # flashinfer-python 0.7.3 (vLLM's pin) is not on the registry: 0.7.4. torchvision 0.29.0 is
 # vLLM's pin for torch 2.14 (the image's torchvision is built for torch 2.11).
-EXTRA_NO_DEPS34 = ["transformers==5.20.2", "huggingface-hub==2.4.0", "nvtx==0.2.15", "cuda-tile", "torchvision==0.29.0",
+EXTRA_NO_DEPS34 = ["transformers==5.20.2", "huggingface-hub==2.4.0", "nvtx==0.2.15",
+                   "cuda-tile", "torchvision==0.29.0",
                    "datasets==4.6.0", "multiprocess==0.70.18"]
 # Left out of the 0.34 kit (101 + 12 MB of wheels): vLLM imports flashinfer only in its
 # FlashInfer attention backends and in models this kit does not run; without it vLLM picks
@@ -354,6 +355,7 @@ LEAVE_OUT34 = {"flashinfer-python", "nvidia-cudnn-frontend"}
 # transformers 5.20.2 + huggingface_hub 2.4.0: the pair the vLLM 0.34 contract env runs
 # (vLLM 0.34 requires huggingface_hub >= 2.0; the image has 1.33 beside transformers 5.17).
 FORCE34 = {"tokenizers", "torchvision", "transformers", "huggingface-hub"}
+PINNED34 = {"transformers", "huggingface-hub"}  # taken from EXTRA_NO_DEPS34, not resolved
 SKIP_REQS34 = re.compile(SKIP_REQS.pattern.replace("^(", "^(instanttensor|", 1), re.I)
 # Trees are carried as slimmed wheels (``<name>.zip``): the kept members' deflate data is
 # copied from the wheel as it is, not recompressed. Measured here (2 cores shared with other
@@ -536,7 +538,8 @@ def _build_site34(vllm_whl: Path) -> Path:
     if not (deps / ".done").exists():
         resolved = _resolve(vllm_whl, SKIP_REQS34, DL34, "2.14.0")
         wanted = [f"{n}=={v}" for n, v in resolved
-                  if not _on_machine(_norm(n)) or _norm(n) in FORCE34]
+                  if (not _on_machine(_norm(n)) or _norm(n) in FORCE34)
+                  and _norm(n) not in PINNED34]
         _download(wanted + EXTRA_NO_DEPS34, deps, deps=False)
         (deps / ".done").write_text("ok\n")
     deps_wheels = sorted(w for w in deps.glob("*.whl") if (not _on_machine(

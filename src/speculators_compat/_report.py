@@ -12,6 +12,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._files import write_text_atomic
+
 
 class Status(str, enum.Enum):
     """What happened to one adapter in one process."""
@@ -124,9 +126,8 @@ class Report:
     def to_json(self, path: str | os.PathLike[str] | None = None, **kw: Any) -> str:
         """The report as JSON; also written to ``path`` if given (provenance beside data)."""
         text = json.dumps(self.as_dict(), indent=kw.pop("indent", 2), **kw)
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
+        if path is not None:  # never half-written, even if the process dies meanwhile
+            write_text_atomic(path, text + "\n")
         return text
 
     def summary_line(self) -> str:

@@ -119,7 +119,16 @@ def _python(code: str, *args: str, flag: bool, pythonpath: list[str], extra_env=
                           env=env, timeout=120)
 
 
-REPORT = ("import sys, speculators_compat as s; r = s.report(); "
+def _fake_speculators(tmp_path, where=None) -> str:
+    """A stand-in top-level ``speculators`` package (the bootstrap's trigger); its import
+    prints EXEC each time its ``__init__`` runs."""
+    where = where or tmp_path / "fake-speculators"
+    (where / "speculators").mkdir(parents=True, exist_ok=True)
+    (where / "speculators" / "__init__.py").write_text("print('EXEC', flush=True)\nX = 1\n")
+    return str(where)
+
+
+REPORT = ("import speculators, sys, speculators_compat as s; r = s.report(); "
           "print('KIND', r and r.process)")
 
 
@@ -133,7 +142,7 @@ def test_without_flag_nothing_is_imported():
 @pytest.mark.parametrize("args, kind", [((), "driver"), (("--multiprocessing-fork",), "worker")])
 def test_with_flag_activates_at_start(args, kind, tmp_path):
     report_file = tmp_path / "r.json"
-    proc = _python(REPORT, *args, flag=True, pythonpath=[DIR],
+    proc = _python(REPORT, *args, flag=True, pythonpath=[DIR, _fake_speculators(tmp_path)],
                    extra_env={_env.REPORT_FILE: str(report_file)})
     assert proc.returncode == 0, proc.stderr
     assert f"KIND {kind}" in proc.stdout, (proc.stdout, proc.stderr)
@@ -174,7 +183,7 @@ def test_two_chaining_hooks_run_once_each(tmp_path, order):
     (other / "sitecustomize.py").write_text(CHAINING_HOOK)
     path = [DIR, str(other)] if order == "ours-first" else [str(other), DIR]
     proc = _python(REPORT + "; import os; print('RUNS', os.environ.get('OTHER_HOOK_RUNS'))",
-                   flag=True, pythonpath=path)
+                   flag=True, pythonpath=[*path, _fake_speculators(tmp_path)])
     assert proc.returncode == 0, proc.stderr
     assert "RUNS 1" in proc.stdout and "KIND driver" in proc.stdout, (proc.stdout, proc.stderr)
     assert "Error" not in proc.stderr, proc.stderr
@@ -184,20 +193,58 @@ def test_a_failing_shadowed_sitecustomize_does_not_stop_activation(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text("raise RuntimeError('boom')\n")
-    proc = _python(REPORT, flag=True, pythonpath=[DIR, str(other)])
+    proc = _python(REPORT, flag=True, pythonpath=[DIR, str(other), _fake_speculators(tmp_path)])
     assert proc.returncode == 0, proc.stderr
     assert "KIND driver" in proc.stdout
     assert "boom" in proc.stderr
 
 
-def test_unimportable_package_warns_and_the_interpreter_starts(tmp_path):
+def test_unimportable_package_is_quiet_until_speculators_is_imported(tmp_path):
+    """An interpreter without the package (a system Python a tool starts) says nothing,
+    unless it imports speculators or vLLM: then it warns once, and the import works."""
     fake = tmp_path / "fake"
     (fake / "speculators_compat").mkdir(parents=True)
     (fake / "speculators_compat" / "__init__.py").write_text("raise ImportError('broken')\n")
     proc = _python("print('STARTED')", flag=True, pythonpath=[DIR, str(fake)])
     assert proc.returncode == 0, proc.stderr
     assert "STARTED" in proc.stdout
-    assert "speculators-compat: WARNING" in proc.stderr and "broken" in proc.stderr
+    assert proc.stderr == "", proc.stderr
+    proc = _python("import speculators; import speculators; print('X', speculators.X)",
+                   flag=True, pythonpath=[DIR, str(fake), _fake_speculators(tmp_path)])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["EXEC", "X", "1"], proc.stdout
+    assert proc.stderr.count("speculators-compat: WARNING") == 1, proc.stderr
+    assert "broken" in proc.stderr
+
+
+FINDER = ("import sys; print('FINDER', [type(f).__name__ for f in sys.meta_path]"
+          ".count('ActivateOnImport'), 'LOADED', 'speculators_compat' in sys.modules)")
+
+
+def test_a_child_that_never_imports_speculators_or_vllm_activates_nothing():
+    proc = _python(FINDER + "; import json, numbers; " + FINDER, flag=True, pythonpath=[DIR])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["FINDER", "1", "LOADED", "False"] * 2, proc.stdout
+
+
+def test_first_speculators_import_activates_once_and_returns_the_real_package(tmp_path):
+    code = ("import speculators, speculators_compat as s, sys; r = s.report(); "
+            "print('KIND', r and r.process, speculators.X, speculators.__spec__.origin); "
+            "import speculators; " + FINDER)
+    proc = _python(code, flag=True, pythonpath=[DIR, _fake_speculators(tmp_path)])
+    assert proc.returncode == 0, proc.stderr
+    origin = os.path.join(tmp_path, "fake-speculators", "speculators", "__init__.py")
+    assert proc.stdout.split() == ["EXEC", "KIND", "driver", "1", origin,
+                                   "FINDER", "0", "LOADED", "True"], proc.stdout
+
+
+def test_a_missing_trigger_package_still_raises_module_not_found():
+    code = ("try:\n    import speculators\n"
+            "except ModuleNotFoundError as e:\n    print('MNF', e.name)\n" + FINDER)
+    proc = _python(code, flag=True, pythonpath=[DIR])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["MNF", "speculators", "FINDER", "1", "LOADED", "False"], (
+        proc.stdout, proc.stderr)
 
 
 # -- activate() after the speculators import it had to precede ------------------------------
@@ -275,6 +322,7 @@ def test_order_check_names_only_the_modules_an_adapter_precedes():
 
 SCRIPT = '''
 import os, sys
+import speculators  # the first import of speculators activates (a stand-in package here)
 import speculators_compat
 _r = speculators_compat.report()
 print("MODULE", __name__, _r and _r.process, sys.argv[1:], flush=True)
@@ -302,6 +350,7 @@ def _run_cli(args, cwd, extra_env=None):
 
 def test_run_script_spawned_children_activate_before_rerunning_it(tmp_path):
     (tmp_path / "gen.py").write_text(SCRIPT)
+    _fake_speculators(tmp_path, tmp_path)
     proc = _run_cli([str(tmp_path / "gen.py"), "--a", "1"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MODULE")]
@@ -313,6 +362,7 @@ def test_run_module(tmp_path):
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
     (tmp_path / "mypkg" / "gen.py").write_text(SCRIPT)
+    _fake_speculators(tmp_path, tmp_path)
     proc = _run_cli(["-m", "mypkg.gen", "x"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MODULE")]

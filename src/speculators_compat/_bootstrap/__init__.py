@@ -7,17 +7,21 @@ speculators at module level then fails in the worker on transformers 5.
 
 How: :func:`install` (called by every activation, through its Patcher) prepends this
 folder to ``PYTHONPATH``. Its ``sitecustomize.py`` runs at the start of every child
-interpreter, after site processing and before the main script, and calls
-:func:`speculators_compat._process.start` when ``SPECULATORS_COMPAT_ACTIVE`` is set, which
-activates as :func:`process_kind` says. This module holds only what the folder and the
-command line tell (it imports no activation). Nothing happens in processes that never
-activated: the folder is on ``PYTHONPATH`` only below an activated process.
+interpreter, after site processing and before the main script; when
+``SPECULATORS_COMPAT_ACTIVE`` is set it arms a ``sys.meta_path`` finder that calls
+:func:`speculators_compat._process.start` on the first import of ``speculators`` or
+``vllm``, before that import runs (a child that imports neither pays nothing). This
+module holds only what the folder and the command line tell (it imports no activation).
+Nothing happens in processes that
+never activated: the folder is on ``PYTHONPATH`` only below an activated process.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+from .._patcher import ENVIRON
 
 #: This folder: the one put on PYTHONPATH (it holds ``sitecustomize.py``).
 DIRECTORY = os.path.dirname(os.path.abspath(__file__))
@@ -48,7 +52,8 @@ def _same(entry: str) -> bool:
 
 
 def install(patcher, process: str) -> None:
-    """Prepend :data:`DIRECTORY` to ``PYTHONPATH`` (undone by ``deactivate()``).
+    """Prepend :data:`DIRECTORY` to ``PYTHONPATH`` (``deactivate()`` removes it again,
+    and only it).
 
     Called by every activation. A no-op where the folder is already there (children
     of an activated process inherit it).
@@ -56,7 +61,26 @@ def install(patcher, process: str) -> None:
     current = os.environ.get("PYTHONPATH")
     if on_pythonpath(current):
         return
-    patcher.setenv("PYTHONPATH", DIRECTORY + (os.pathsep + current if current else ""))
+    os.environ["PYTHONPATH"] = DIRECTORY + (os.pathsep + current if current else "")
+    patcher.on_revert("os.environ['PYTHONPATH']", lambda: uninstall(current),
+                      f"{ENVIRON}:PYTHONPATH")
+
+
+def uninstall(previous: str | None) -> None:
+    """Remove only :data:`DIRECTORY` from ``PYTHONPATH``: entries added since
+    :func:`install` stay. ``previous``: the value before it, restored exactly when
+    nothing else changed (an unset variable stays unset)."""
+    value = os.environ.get("PYTHONPATH")
+    if value is None:
+        return
+    kept = [entry for entry in value.split(os.pathsep) if not (entry and _same(entry))]
+    rest = os.pathsep.join(kept)
+    if value == DIRECTORY + (os.pathsep + previous if previous else ""):
+        rest = previous
+    if rest is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = rest
 
 
 def process_kind(argv: list[str] | None = None, orig_argv: list[str] | None = None) -> str | None:

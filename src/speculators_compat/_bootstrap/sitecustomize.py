@@ -14,13 +14,17 @@ Python inherits both. Python imports ``sitecustomize`` after site processing (fu
 
 1. runs the ``sitecustomize`` it shadows, if any (the first one in a ``sys.path``
    entry after this folder), so the environment behaves as without us;
-2. activates speculators-compat only if the flag is set (otherwise it costs one
-   ``os.environ`` look-up), choosing the process kind in
-   :func:`speculators_compat._process.start`.
+2. only if the flag is set (otherwise it costs one ``os.environ`` look-up), puts a
+   ``sys.meta_path`` finder first that activates speculators-compat (choosing the
+   process kind in :func:`speculators_compat._process.start`) on the first import
+   of ``speculators`` or ``vllm``, before that import runs. Import-time adapters only
+   have to precede those imports, so activating there is as good as at start, and a
+   child that never imports them (a compiler, ``python -c 'print(1)'``, a tool
+   that only uses numpy) costs milliseconds instead of a full activation.
 
 It never stops the interpreter: any failure is printed as one warning line. Standard
-library only up to the flag check, so it also works in an interpreter where the
-package is not installed (it then only chains and warns).
+library only, so it also works in an interpreter where the package is not installed
+(it then only chains, and warns if that interpreter imports speculators or vLLM).
 """
 
 import os
@@ -61,10 +65,17 @@ def _chain():
                          f"bootstrap): {type(exc).__name__}: {exc}\n")
 
 
+#: Top-level packages whose first import activates the shim first (everything the
+#: adapters patch is reached through one of them).
+_TRIGGERS = ("speculators", "vllm")
+
+
+def _flag_set():
+    return (os.environ.get("SPECULATORS_COMPAT_ACTIVE") or "").strip().lower() in (
+        "1", "true", "yes", "on")
+
+
 def _activate():
-    if (os.environ.get("SPECULATORS_COMPAT_ACTIVE") or "").strip().lower() not in (
-            "1", "true", "yes", "on"):
-        return
     try:
         from speculators_compat._process import start
     except Exception as exc:
@@ -76,9 +87,48 @@ def _activate():
     start()
 
 
+class _ActivateFirst:
+    """Loader of a trigger package's first import: activate, then import the real
+    package in its place (``_load_unlocked`` returns what ``sys.modules`` holds after
+    ``exec_module``, so the placeholder module is never seen)."""
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        import importlib
+
+        name = module.__name__
+        sys.modules.pop(name, None)
+        _activate()  # imports the trigger packages itself, with the patches in place
+        if name not in sys.modules:
+            importlib.import_module(name)
+
+
+class ActivateOnImport:
+    """``sys.meta_path`` finder: the first import of speculators or vLLM activates the
+    shim before that import runs, then the finder leaves ``sys.meta_path``. A process
+    that never imports either (a tool's helper, ``python -c 'print(1)'``) pays nothing
+    beyond this finder."""
+
+    def find_spec(self, name, path=None, target=None):
+        if path is not None or name not in _TRIGGERS:
+            return None
+        for finder in sys.meta_path:  # only where the package exists
+            find = getattr(finder, "find_spec", None)
+            if finder is not self and find is not None and find(name, path) is not None:
+                import importlib.machinery
+
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                return importlib.machinery.ModuleSpec(name, _ActivateFirst())
+        return None
+
+
 try:
     _chain()
 except Exception as _exc:
     sys.stderr.write(f"speculators-compat: WARNING: could not run the shadowed sitecustomize: "
                      f"{type(_exc).__name__}: {_exc}\n")
-_activate()
+if _flag_set():
+    sys.meta_path.insert(0, ActivateOnImport())

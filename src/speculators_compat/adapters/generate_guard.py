@@ -7,9 +7,17 @@ kills the workers (TP = 1 on a GPU), and any failure mid-call leaves requests (a
 captured rows) behind that the next call would silently return as part of its own batch.
 A generator outlives what it was built with: after ``deactivate()`` (or one built before
 ``activate()``) its scheduler, executor and workers no longer match the patched module.
+Malformed input (a single sequence, a dict, a NumPy array, tuples) fails with a
+``TypeError`` or ``AttributeError`` that names neither the input nor the fix; sequences
+longer than ``max_model_len - 1`` are cut silently; a dead worker surfaces as
+``RuntimeError: cancelled`` and then ``AssertionError`` on every later call.
 How: wrap ``VllmHiddenStatesGenerator.generate`` (speculators' class, the consumer):
-before it runs, reject an empty batch, empty sequences, non-integer tokens and ids
-outside ``0..vocab_size-1`` with a message naming the sequence (and position); at the
+before it runs, reject a batch that is not what speculators handles (``_batch``: the
+input's type and what is expected), an empty batch, empty sequences, non-integer tokens
+and ids outside ``0..vocab_size-1`` with a message naming the sequence (and position);
+log one warning per call for the sequences speculators will cut (``CompatError`` under
+``SPECULATORS_COMPAT_STRICT=1``); refuse a generator whose vLLM worker process has
+exited, naming it (``_liveness``: pid, exit code), in the call it kills and after; at the
 first call of each generator, check that its scheduler and executor are the classes the
 module binds now and ask its workers which extension class they run. If the call raises
 an ``Exception``, abort every request left in its scheduler (deferred ones included),
@@ -28,17 +36,18 @@ Remove when: speculators < 0.5 support is dropped.
 from __future__ import annotations
 
 import logging
-import numbers
+import os
 import uuid
 import weakref
 from types import ModuleType
 from typing import Any
 
+from .. import _env
 from .._adapter import Context, Verdict
 from .._errors import CompatError
 from .._patcher import Patcher, _label, target_of
 from .._report import Kind
-from . import _helpers, _probes, _shared, _targets
+from . import _batch, _helpers, _liveness, _probes, _shared, _targets
 from ._base import GeneratorAdapter
 
 logger = logging.getLogger("speculators_compat")
@@ -52,29 +61,37 @@ _UNUSABLE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 REBUILD = "Build a new VllmHiddenStatesGenerator (after speculators_compat.activate())."
 
 
-def validate_batch(token_ids, vocab_size: int | None = None) -> None:
-    """Refuse input speculators would fail on halfway, or silently mis-embed."""
-    if hasattr(token_ids, "tolist"):
-        token_ids = token_ids.tolist()
-    if token_ids is None or len(token_ids) == 0:
-        raise CompatError("speculators-compat: generate() got an empty batch; pass a list of "
-                          "token-id sequences.")
-    for i, seq in enumerate(token_ids):
-        seq = seq.tolist() if hasattr(seq, "tolist") else seq
-        if seq is None or len(seq) == 0:
-            raise CompatError(f"speculators-compat: sequence {i} of the batch is empty; drop "
-                              "empty samples before generate() (nothing was run).")
-        bad = next((t for t in seq
-                    if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
-        if bad is not None:
-            raise CompatError(f"speculators-compat: sequence {i} contains {bad!r} "
-                              f"({type(bad).__name__}); token ids must be ints (nothing was run).")
-        if vocab_size is not None and (min(seq) < 0 or max(seq) >= vocab_size):
-            pos = next(p for p, t in enumerate(seq) if t < 0 or t >= vocab_size)
-            raise CompatError(
-                f"speculators-compat: sequence {i} has token id {seq[pos]} at position {pos}, "
-                f"outside the model's vocabulary (0..{vocab_size - 1}); check the tokenizer "
-                "matches the model (nothing was run).")
+def validate_batch(token_ids, vocab_size: int | None = None) -> list[int]:
+    """Refuse input speculators would fail on halfway, or silently mis-embed (see
+    ``_batch``); return the sequences' lengths."""
+    return _batch.check_batch(token_ids, vocab_size)
+
+
+def check_truncation(lengths: list[int], max_len: int | None, decode_tokens: int = 1) -> None:
+    """Say (once per call) that speculators will cut sequences longer than ``max_len``;
+    refuse the batch instead under ``SPECULATORS_COMPAT_STRICT=1``."""
+    if max_len is None:
+        return
+    count, most, total = _batch.truncation(lengths, max_len)
+    if not count:
+        return
+    what = (f"{count} of {len(lengths)} sequence(s) are longer than max_model_len - "
+            f"{decode_tokens} = {max_len} tokens (the longest by {most} tokens, {total} tokens "
+            "in all)")
+    if _env.flag(os.environ.get(_env.STRICT)):
+        raise CompatError(f"speculators-compat (strict): {what}; speculators would cut them "
+                          f"there. Raise max_model_len or split the sequences (nothing was run; "
+                          f"unset {_env.STRICT} to let them be cut).")
+    logger.warning("speculators-compat: %s; speculators cuts them there, so their hidden "
+                   "states cover only the first %d tokens. Raise max_model_len or split the "
+                   "sequences (%s=1 refuses such a batch).", what, max_len, _env.STRICT)
+
+
+def max_prompt_len(generator, decode_tokens: int) -> int | None:
+    """The longest prompt speculators keeps (``max_model_len - MAX_DECODE_TOKENS``)."""
+    config = getattr(generator, "vllm_config", None)
+    limit = getattr(getattr(config, "model_config", None), "max_model_len", None)
+    return None if limit is None else int(limit) - decode_tokens
 
 
 def vocab_size(generator) -> int | None:
@@ -166,6 +183,17 @@ def _check_instance(generator, gen: ModuleType, expected_extension: str) -> None
             f"before a deactivate(), and would run half-patched. {REBUILD}")
 
 
+def _refuse_if_dead(generator, failure: BaseException | None = None) -> None:
+    """Raise ``CompatError`` naming the dead worker(s) when one of ``generator``'s vLLM
+    worker processes has exited; the generator refuses every later call likewise."""
+    dead = _liveness.dead_workers(getattr(generator, "executor", None))
+    if not dead:
+        return
+    why = _liveness.describe(dead, REBUILD)
+    mark_unusable(generator, why)
+    raise CompatError(why) from failure
+
+
 def _interrupted(exc: BaseException) -> str:
     return (f"speculators-compat: a generate() of this generator was interrupted "
             f"({type(exc).__name__}); its scheduler and workers may still hold that call's "
@@ -205,12 +233,16 @@ class GenerateGuard(GeneratorAdapter):
             built.add(instance)
             return out
 
+        decode_tokens = int(getattr(gen, "MAX_DECODE_TOKENS", 1))
+
         def generate(wrapped, instance, args, kwargs):
             reason = _UNUSABLE.get(instance)
             if reason is not None:
                 raise CompatError(reason)
+            _refuse_if_dead(instance)
             token_ids = _helpers.argument(args, kwargs, "token_ids", 0)
-            validate_batch(token_ids, vocab_size(instance))
+            lengths = validate_batch(token_ids, vocab_size(instance))
+            check_truncation(lengths, max_prompt_len(instance, decode_tokens), decode_tokens)
             if instance not in checked:
                 try:
                     _check_instance(instance, gen, expected)
@@ -226,9 +258,11 @@ class GenerateGuard(GeneratorAdapter):
             try:
                 return wrapped(*args, **kwargs)
             except Exception as exc:
+                _refuse_if_dead(instance, exc)
                 try:
                     _cleanup(instance, counter)
                 except BaseException as failure:
+                    _refuse_if_dead(instance, exc)
                     why = (f"speculators-compat: cleaning up after a failed generate() "
                            f"failed ({failure!r}); this generator's state is unknown. {REBUILD}")
                     mark_unusable(instance, why)

@@ -10,7 +10,11 @@ request scheduled in a step, including one whose prefill was only partly schedul
 How: the ``Scheduler`` seen by speculators' module finishes a request as soon as its
 prompt is fully computed (at the start of the next ``schedule()``, freeing its slot and
 blocks), and defers an abort requested for a request whose prompt is not yet fully
-computed until it is. Nothing changes for requests that fit in one step. The deferral is
+computed until it is. Nothing changes for requests that fit in one step. Under KV
+cache pressure it admits a waiting request only when its whole prompt fits next to
+what the running ones still need (:func:`hold_back`): vLLM would admit it on its first
+chunk and later preempt a request mid-prefill, whose recompute speculators' loop cannot
+follow (the capture then refuses the call). The deferral is
 for speculators' own step loop only: ``abort_all()`` (what ``generate_guard`` calls after
 a failed ``generate()``) aborts every request at once, deferred ones included, so that no
 request of a failed call can run in the next one.
@@ -38,6 +42,54 @@ from ._base import GeneratorAdapter
 
 def _prefilled(request) -> bool:
     return request.num_computed_tokens >= request.num_prompt_tokens
+
+
+def hold_back(scheduler) -> list:
+    """Take the waiting requests out of the queue (for one ``schedule()``) whose whole
+    prompt would not fit in the KV cache next to what the running ones still need.
+
+    vLLM admits a waiting request when its first chunk fits; a later chunk of a running
+    one that finds no free block then preempts a request (its computed tokens dropped,
+    recomputed from position 0), which speculators' loop cannot follow. Admitting only
+    what fits whole never preempts. The queue's order is kept (everything after the
+    first request that does not fit waits too); with nothing running the head is always
+    admitted (vLLM then fits it or refuses it itself). Only for a single KV cache group
+    (one block size and one need per token); otherwise nothing is held back.
+    """
+    if not scheduler.waiting:
+        return []
+    try:
+        held = _over_budget(scheduler)
+    except (AttributeError, IndexError, KeyError, TypeError):  # another shape: admit as vLLM does
+        return []
+    if held:
+        scheduler.waiting.remove_requests(held)
+    return held
+
+
+def _over_budget(scheduler) -> list:
+    groups = scheduler.kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        return []
+    manager = scheduler.kv_cache_manager
+    block = groups[0].kv_cache_spec.block_size
+    free = manager.block_pool.get_num_free_blocks()
+
+    def blocks(request) -> int:
+        return -(-request.num_prompt_tokens // block)
+
+    for request in scheduler.running:
+        free -= max(0, blocks(request) - len(manager.get_block_ids(request.request_id)[0]))
+    held: list = []
+    first = not scheduler.running
+    for request in list(scheduler.waiting):
+        need = blocks(request)
+        if held or (need > free and not first):
+            held.append(request)
+            continue
+        free -= need
+        first = False
+    return held
 
 
 def chunked_prefill_by_default(config_cls) -> bool:
@@ -91,7 +143,12 @@ class SchedulerPrefillOnly(GeneratorAdapter):
             if done:
                 base.finish_requests(self, done, aborted)
                 deferred.difference_update(done)
-            return base.schedule(self, *args, **kwargs)
+            held = hold_back(self)
+            try:
+                return base.schedule(self, *args, **kwargs)
+            finally:
+                for request in held:  # the tail of the queue, back in its order
+                    self.waiting.add_request(request)
 
         def finish_requests(self, request_ids, finished_status, *args, **kwargs):
             if finished_status == aborted and request_ids is not None:

@@ -92,8 +92,9 @@ if __name__ == "__main__":
         return {"unscaled_reference_ok": cmp["ok"], "unscaled_min_cosine": cmp["min_cosine"]}
 
     def preemption(gen, outputs):
-        """A KV cache too small for the batch: vLLM's scheduler preempts requests in the
-        middle of their (chunked) prefill and later recomputes them from position 0. The
+        """A KV cache too small for the batch: upstream, vLLM's scheduler preempts requests
+        in the middle of their (chunked) prefill and later recomputes them from position 0
+        (scheduler_prefill_only admits only what fits whole, so nothing is). The
         scheduler's threshold makes every request prefill in 32-token chunks (many partial
         prefills at once); blocks taken out of the scheduler's pool leave it room for about
         2.5 of the batch's longest prompts. Preemptions are counted in the scheduler's
@@ -145,6 +146,7 @@ if __name__ == "__main__":
             cmp = compare([r["hidden_states"] for r in res], ref)
         return {"preempt": {
             **counts, "kv_blocks": room, "block_size": block, "capture_restarts": restarts,
+            "batch_blocks": sum(-(-len(s) // block) for s in batch),
             "error": error, "size": len(batch), "returned": len(res),
             "input_order": len(res) == len(batch) and all(
                 torch.equal(r["input_ids"], torch.tensor(s)) for r, s in zip(res, batch)),

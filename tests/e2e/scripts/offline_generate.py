@@ -75,10 +75,12 @@ def main():
             raise SystemExit(f"{len(results)} results for {len(batch['input_ids'])} samples")
         for j, result in enumerate(results):
             n = len(result["input_ids"])
+            # to a temporary name, then renamed: a killed run leaves no truncated sample
+            tmp = out / f".data_{index}.pt.tmp"
             torch.save({"input_ids": result["input_ids"],
                         "hidden_states": [h.contiguous() for h in result["hidden_states"]],
-                        "loss_mask": batch["loss_mask"][j][:n]},
-                       out / f"data_{index}.pt")
+                        "loss_mask": batch["loss_mask"][j][:n]}, tmp)
+            os.replace(tmp, out / f"data_{index}.pt")
             index += 1
     info = {"samples": index, "layer_ids": list(generator.layer_ids), "driver_pid": os.getpid(),
             "worker_reports": worker_reports(generator)}
