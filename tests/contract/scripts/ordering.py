@@ -2,8 +2,8 @@
 
 ``after``: ``activate()``, then import speculators' generator; ``deactivate()`` restores
 every name; ``activate()`` again patches the same names again; a third activation with
-``only=`` starts a spawned child (as vLLM starts its workers), which activates at
-interpreter start as a worker honouring ``only``; after ``deactivate()`` a spawned child
+``only=`` starts a spawned child (as vLLM starts its workers), which activates on its
+first import of speculators as a worker honouring ``only``; after ``deactivate()`` a spawned child
 inherits no activation flag and changes nothing.
 ``before``: import the generator first, then ``activate()``: fine where no import-time
 adapter applies, a ``CompatError`` naming the fix where one had to precede the import.
@@ -23,7 +23,11 @@ ONLY = ["transformers5_config_torch"]
 
 
 def child(conn) -> None:
-    """Runs in the spawned child: what activation did there (``None``: nothing)."""
+    """Runs in the spawned child: what activation did there (``None``: nothing). The
+    child imports speculators first: an inherited activation acts on the first import
+    of speculators or vLLM (the bootstrap's finder), not at interpreter start."""
+    import speculators  # noqa: F401
+
     import speculators_compat
 
     rep = speculators_compat.report()
