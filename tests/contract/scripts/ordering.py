@@ -26,8 +26,10 @@ def child(conn) -> None:
     """Runs in the spawned child: what activation did there (``None``: nothing). The
     child imports speculators first: an inherited activation acts on the first import
     of speculators or vLLM (the bootstrap's finder), not at interpreter start."""
-    import speculators  # noqa: F401
-
+    try:  # the activation (if any) runs before this import; the import itself may fail
+        import speculators  # noqa: F401  (with `only`, transformers 5 still breaks it)
+    except Exception:  # noqa: BLE001
+        pass
     import speculators_compat
 
     rep = speculators_compat.report()
