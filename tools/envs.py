@@ -201,8 +201,14 @@ def find_python(version: str) -> str:
 def built(version: str) -> bool:
     """Whether the env exists and matches its recipe (so ``build`` would do nothing)."""
     stamp = env_dir(version) / ".speculators-compat-env.json"
-    want = {"recipe": repr(RECIPES[version]), "project": str(ROOT)}
-    return stamp.exists() and json.loads(stamp.read_text()) == want
+    return stamp.exists() and _stamp_matches(stamp, RECIPES[version])
+
+
+def _stamp_matches(stamp: Path, recipe: Recipe) -> bool:
+    """An env is current when its recipe is: the project's ``src`` reaches it through
+    ``PYTHONPATH`` (:func:`spec_env`), so one env serves every checkout of the project
+    (a git worktree links ``.envs`` to the main checkout's)."""
+    return json.loads(stamp.read_text()).get("recipe") == repr(recipe)
 
 
 def build(version: str) -> Path:
@@ -220,7 +226,7 @@ def _build(version: str) -> Path:
     path = env_dir(version)
     stamp = path / ".speculators-compat-env.json"
     want = {"recipe": repr(recipe), "project": str(ROOT)}
-    if stamp.exists() and json.loads(stamp.read_text()) == want:
+    if stamp.exists() and _stamp_matches(stamp, recipe):
         print(f"env {path} is up to date", flush=True)
     else:
         uv, env = _uv(), _uv_env()
@@ -297,9 +303,10 @@ def spec_env(vllm: str, speculators: str | None) -> dict[str, str]:
     env.pop("SPECULATORS_COMPAT_ACTIVE", None)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("SPECULATORS_COMPAT_TEST_CKPTS", str(ROOT / ".cache" / "ckpts"))
-    if speculators:
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(speculators_dir(speculators)), env.get("PYTHONPATH")) if p)
+    # This checkout's sources first: the env's editable install may point at another
+    # checkout of the project (envs are shared between git worktrees).
+    first = [str(ROOT / "src")] + ([str(speculators_dir(speculators))] if speculators else [])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*first, env.get("PYTHONPATH")) if p)
     return env
 
 
