@@ -15,8 +15,8 @@ import weakref
 import pytest
 import torch
 
-from speculators_compat.transport.driver import Receiver
 from speculators_compat.adapters import shm_transport
+from speculators_compat.transport.driver import Receiver
 
 
 class _Executor:

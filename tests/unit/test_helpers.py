@@ -51,8 +51,8 @@ def test_request_id_grammar_is_speculators_req_call_index():
 
 def test_contract_names_have_one_home():
     from speculators_compat import worker_extension
-    from speculators_compat.transport import wire
     from speculators_compat.adapters import _targets
+    from speculators_compat.transport import wire
 
     assert _speculators.CONTRACTS == ("list", "by_request")
     assert (wire.LIST, wire.BY_REQUEST) == _speculators.CONTRACTS

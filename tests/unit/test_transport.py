@@ -59,7 +59,7 @@ def _stream(sender, states, contract=wire.BY_REQUEST, chunk=7):
                               for rid, layers in states.items()
                               if pos < layers[slot].shape[0]])
     held = states if contract == wire.BY_REQUEST else _lanes(states)
-    return sender.reply(held, contract, list(states), {r: n for r, n in plan})
+    return sender.reply(held, contract, list(states), dict(plan))
 
 
 def _lanes(states):
@@ -112,7 +112,7 @@ def test_unforeseen_rows_switch_streaming_off_and_the_export_is_still_exact(spoi
     else:
         sink._next[("req_0_3", 2)] -= 1
     reply = sender.reply(_copy(states), wire.BY_REQUEST, list(states),
-                         {r: n for r, n in plan})
+                         dict(plan))
     assert not reply["streamed"] and sender.stats["exported"] == 1
     assert _equal(_fetch(receiver, reply), states)
     sender.close()

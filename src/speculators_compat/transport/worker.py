@@ -32,8 +32,10 @@ from .region import Region
 class CallSink:
     """One call's rows, streamed into its region (see module)."""
 
-    def __init__(self, copier: RowCopier, plan, n_layers: int, contract: str) -> None:
+    def __init__(self, copier: RowCopier, plan, n_layers: int, contract: str,
+                 stats: dict | None = None) -> None:
         self.copier = copier
+        self.stats = stats if stats is not None else {"write_s": 0.0}
         self.plan = [(str(r), int(n)) for r, n in plan]
         self.n_layers = n_layers
         self.contract = contract
@@ -74,6 +76,7 @@ class CallSink:
         """``entries``: (request id, prompt position, rows) of one layer in one step."""
         if not self.ok:
             return
+        t0 = time.perf_counter()
         try:
             if self.region is None:
                 self._lay_out(entries[0][2])
@@ -91,6 +94,7 @@ class CallSink:
             self.copier.copy(pairs)
         except (OSError, MemoryError, ValueError):
             self.off()
+        self.stats["write_s"] += time.perf_counter() - t0
 
     def off(self) -> None:
         """Streaming is off for this call: the states are exported at its end."""
@@ -127,14 +131,17 @@ class Sender:
         self._sent: list[Region] = []
         #: ``streamed``: calls whose rows went to their region while the model ran;
         #: ``exported``: calls written into a region at their end; ``bytes``: bytes sent;
-        #: ``populate_s``: time spent faulting regions in (background).
-        self.stats = {"streamed": 0, "exported": 0, "bytes": 0, "populate_s": 0.0}
+        #: ``populate_s``: time spent faulting regions in (background); ``write_s``: time
+        #: the layer hooks spent handing rows over (inside the model's steps).
+        self.stats = {"streamed": 0, "exported": 0, "bytes": 0, "populate_s": 0.0,
+                      "write_s": 0.0}
 
     def begin_call(self, plan, n_layers: int, contract: str) -> CallSink | None:
         """A call starts: close what earlier calls left (the driver has mapped every region
         it was sent), and open this call's sink (``None`` without a plan)."""
         self.end_calls()
-        self.sink = CallSink(self.copier, plan, n_layers, contract) if plan else None
+        self.sink = (CallSink(self.copier, plan, n_layers, contract, self.stats)
+                     if plan else None)
         return self.sink
 
     def end_calls(self) -> None:
