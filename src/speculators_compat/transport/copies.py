@@ -46,7 +46,7 @@ def staging_bytes() -> int:
         return DEFAULT_STAGING_BYTES
 
 
-def _bytes_of(t) -> Any:
+def bytes_of(t) -> Any:
     """A flat uint8 numpy view of a contiguous CPU tensor's bytes."""
     import torch
 
@@ -77,7 +77,7 @@ class RowCopier:
             import numpy as np
 
             for dst, rows in pairs:
-                np.copyto(dst, _bytes_of(rows.contiguous()))
+                np.copyto(dst, bytes_of(rows.contiguous()))
             return
         self._copy_cuda(pairs)
 
@@ -104,7 +104,7 @@ class RowCopier:
             self._pool = ThreadPoolExecutor(self.threads,
                                             thread_name_prefix="speculators-compat-copy")
         for dst, host in staged:
-            src = _bytes_of(host)
+            src = bytes_of(host)
             for lo in range(0, dst.nbytes, PIECE):
                 hi = min(lo + PIECE, dst.nbytes)
                 self._futures.append(self._pool.submit(self._piece, done, dst[lo:hi],
