@@ -554,16 +554,11 @@ def aggregate(runs: list[dict]) -> dict:
         vals = [t[key] for t in calls or () if t]
         return statistics.median(vals) if vals else None
 
-    # the transport's own in-step copy (StreamingSink.write) and pool, per call
+    # the transport's own in-step copy (CallSink.write), per call
     agg["b_transport_write_s"] = _stats([transport(r.get("transport_per_call"), "write_s")
                                          for r in b])
     agg["d_on_transport_write_s"] = _stats([transport(r["on"].get("transport"), "write_s")
                                             for r in d])
-    def segments(r):
-        calls = r.get("transport_per_call") or r.get("on", {}).get("transport") or ()
-        return max((t["segments"] for t in calls if t), default=None)
-
-    agg["transport_segments"] = _stats([segments(r) for r in b + d])
     # how much one process's identical calls differ with nothing changed between them:
     # (a)'s worker step CPU, max / min over its calls (no shim in that process)
     agg["a_step_cpu_spread"] = _stats([

@@ -192,22 +192,19 @@ def read_worker_steps(worker) -> dict | None:
 
 
 def read_transport(worker) -> dict | None:
-    """Runs in the worker: the shared-memory transport's own counters since the last read
-    (``ShmExporter.stats``: seconds spent copying rows into shared memory inside the
-    forward step, ``write_s``, and waiting for them, ``wait_s``; replies by path) and its
-    pool (segments, MiB). ``None`` where the worker has no exporter (the transport is off,
-    or this rank does not capture). Read-only."""
+    """Runs in the worker: the transport's own counters since the last read
+    (``Sender.all_stats()``: seconds the layer hooks spent handing rows over inside the
+    forward step, ``write_s``; calls streamed or exported; copy and staging timers).
+    ``None`` where the worker has no sender (the transport is off, or this rank does not
+    capture). Read-only."""
     inner = getattr(worker, "worker", worker)
-    exporter = getattr(inner, "_compat_exporter", None)
-    if exporter is None:
+    sender = getattr(inner, "_compat_sender", None)
+    if sender is None:
         return None
-    now = dict(exporter.stats)
+    now = {k: v for k, v in sender.all_stats().items() if k != "time"}
     last = getattr(inner, "_bench_transport_last", None) or dict.fromkeys(now, 0)
     inner._bench_transport_last = now
-    out = {k: now[k] - last.get(k, 0) for k in now}
-    out["segments"] = len(exporter.segments)
-    out["pool_mib"] = sum(seg.size for seg in exporter.segments.values()) / 2**20
-    return out
+    return {k: now[k] - last.get(k, 0) for k in now}
 
 
 

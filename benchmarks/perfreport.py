@@ -147,12 +147,10 @@ def markdown(data: dict) -> str:
           for kind, key in (("CPU", "cpu"),)],  # wall time: in the JSON (on CPU, within 0.2 %)
         f"| (d) … the 4 hooks' own CPU time in the worker (thread_time), s | "
         f"{_fmt(agg.get('d_hook_cpu_s'), digits=3)} |",
-        *([f"| (b) transport: the worker's copy of the rows into shared memory, in the step, s | "
+        *([f"| (b) transport: the rows into the call's region, in the step, s | "
            f"{_fmt(agg['b_transport_write_s'], digits=3)} |",
-           f"| (d) … of the hooks' time: the transport's copy into shared memory, capture on, s | "
-           f"{_fmt(agg.get('d_on_transport_write_s'), digits=3)} |",
-           f"| transport: segments in the worker's pool (max per process) | "
-           f"{_fmt(agg.get('transport_segments'), digits=0)} |"]
+           f"| (d) … of the hooks' time: copy into the call's region, capture on, s | "
+           f"{_fmt(agg.get('d_on_transport_write_s'), digits=3)} |"]
           if agg.get("b_transport_write_s") else []),
         *([f"| (a) worker step CPU, slowest / fastest of one process's identical calls | "
            f"{_fmt(agg['a_step_cpu_spread'], digits=2)} |"]

@@ -202,8 +202,8 @@ class LayerCapture:
         self._unscale = {i: fp16_unscale_factor(layers[i]) for i in ids}
         self._handles = [layers[i].register_forward_hook(self._hook_for(i)) for i in ids]
         self._step: Any = None
-        #: Where rows also go as they are produced (the shared-memory transport's
-        #: ``StreamingSink``), or ``None``.
+        #: Where rows also go as they are produced (the transport's ``CallSink``), or
+        #: ``None``.
         self.sink: Any = None
         self._step_layout: list[tuple[str, int, int]] | None = None
         self.armed = False

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _transport
 from ._errors import CompatError
+from .transport import wire
 
 
 class _CompatHiddenStatesExtension:
@@ -47,76 +47,54 @@ class _CompatHiddenStatesExtension:
 
     def _reset_capture(self) -> None:
         cap = self._capture()
-        if cap.sink is not None:
-            cap.sink.wait()  # copies of an abandoned call still read rows reset() frees
+        sender = getattr(self, "_compat_sender", None)
+        if sender is not None:
+            sender.end_calls()  # an abandoned call's copies still read rows reset() frees
         cap.reset()
         cap.sink = None
 
-    def _compat_exporter_of_worker(self):
-        exporter = getattr(self, "_compat_exporter", None)
-        if exporter is None:
-            exporter = self._compat_exporter = _transport.ShmExporter()
-        return exporter
+    def _compat_sender_of_worker(self):
+        sender = getattr(self, "_compat_sender", None)
+        if sender is None:
+            from .transport.worker import Sender
 
-    def _release_segments(self, released) -> None:
-        """Free the segments the driver no longer views, first thing in either transport
-        RPC: the driver has already forgotten them, so a call that returns early (capture
-        off) or fails would otherwise leave them leased for good, and each later call
-        would allocate and fault in a fresh segment inside its forward step."""
-        exporter = getattr(self, "_compat_exporter", None)
-        if exporter is not None and released:
-            exporter.release(released)
+            sender = self._compat_sender = Sender()
+        return sender
 
-    def _compat_reset_capture(self, plan=(), released=(), token=None) -> dict | None:
+    def _compat_reset_capture(self, plan=()) -> None:
         """speculators' ``_reset_capture`` with the call's plan (request ids and prompt
-        lengths in input order) from the shim's driver: rows then stream into shared
-        memory while the model runs (:class:`speculators_compat._transport.StreamingSink`).
-        With a ``token``, the sink also publishes landed rows on the exporter's board for
-        the driver's early copy (:mod:`speculators_compat._early`); the reply says where
-        the board is."""
-        self._release_segments(released)
+        lengths in input order) from the shim's driver: rows then go into the call's
+        region while the model runs (:class:`speculators_compat.transport.worker.Sender`)."""
         self._reset_capture()
         cap = self._capture()
         if not cap.enabled or not plan:
             return None
-        exporter = self._compat_exporter_of_worker()
-        exporter.new_call()
-        board = exporter.board(token)
-        cap.sink = _transport.StreamingSink(exporter, plan, len(cap.layer_ids), self.CONTRACT,
-                                            board=board)
-        # Memory for this call and the next one of its size, made beside this forward
-        # (15 % for the segment ends the layout leaves unused).
-        call_bytes = exporter.token_bytes * sum(int(n) for _, n in plan)
-        exporter.grow_ahead(call_bytes * 23 // 10)
-        return None if board is None else {_transport.MARKER: 1, "board": board.info()}
+        cap.sink = self._compat_sender_of_worker().begin_call(plan, len(cap.layer_ids),
+                                                              self.CONTRACT)
+        return None
 
-    def _compat_export_states(self, released=(), more: bool = False) -> dict | None:
-        """The shared-memory transport's RPC (see :mod:`speculators_compat._transport`):
-        what ``_get_captured_states`` returns, as a small descriptor of shared memory;
-        ``released`` names segments the driver no longer uses."""
-        self._release_segments(released)
+    def _compat_export_states(self) -> dict | None:
+        """The transport's RPC (see :mod:`speculators_compat.transport`): what
+        ``_get_captured_states`` returns, as a descriptor of the call's region."""
         cap = self._capture()
         if not cap.enabled:
             return None
-        exporter = self._compat_exporter_of_worker()
-        if more:
-            return exporter.next_piece()
-        sink, cap.sink = cap.sink, None
-        if sink is not None:
-            sink.wait()  # before take() frees the rows its side-stream copies read
+        sender = self._compat_sender_of_worker()
+        cap.sink = None
         order, lengths = cap.ordered_requests(), dict(cap.prompt_len)
-        states = self._get_captured_states()  # every completeness check runs here
-        if states is None:
-            return None
-        if sink is not None:
-            reply = sink.describe(order, lengths)
-            if reply is not None:
-                return reply
         try:
-            return exporter.export(states, self.CONTRACT)
+            states = self._get_captured_states()  # every completeness check runs here
+        except BaseException:
+            sender.end_calls()
+            raise
+        if states is None:
+            sender.end_calls()
+            return None
+        try:
+            return sender.reply(states, self.CONTRACT, order, lengths)
         except (OSError, MemoryError) as exc:
-            exporter.reset()
-            return _transport.rpc_reply(states, f"shared memory refused in the worker: {exc!r}")
+            sender.end_calls()
+            return wire.fallback_reply(states, f"shared memory refused in the worker: {exc!r}")
 
     def _speculators_compat_report(self) -> dict | None:
         from ._process import worker_report
@@ -128,7 +106,7 @@ class ListContractExtension(_CompatHiddenStatesExtension):
     """speculators 0.3.x contract: a list with one tensor per layer (ascending layer id),
     rows of all requests concatenated in input order; ``None`` if nothing was captured."""
 
-    CONTRACT = _transport.LIST
+    CONTRACT = wire.LIST
 
     def _get_captured_states(self) -> list[Any] | None:
         cap = self._capture()
@@ -146,7 +124,7 @@ class ListContractExtension(_CompatHiddenStatesExtension):
 class ByRequestContractExtension(_CompatHiddenStatesExtension):
     """speculators 0.4.x contract: ``{request_id: [tensor per layer]}``; ``None`` if empty."""
 
-    CONTRACT = _transport.BY_REQUEST
+    CONTRACT = wire.BY_REQUEST
 
     def _get_captured_states(self) -> dict[str, list[Any]] | None:
         cap = self._capture()
@@ -156,8 +134,8 @@ class ByRequestContractExtension(_CompatHiddenStatesExtension):
 
 
 EXTENSIONS = {
-    _transport.LIST: f"{__name__}.ListContractExtension",
-    _transport.BY_REQUEST: f"{__name__}.ByRequestContractExtension",
+    wire.LIST: f"{__name__}.ListContractExtension",
+    wire.BY_REQUEST: f"{__name__}.ByRequestContractExtension",
 }
 
 __all__ = ["EXTENSIONS", "ByRequestContractExtension", "CompatError", "ListContractExtension"]

@@ -72,19 +72,16 @@ def test_workers_are_asked_which_extension_they_run(errors):
 def test_failed_model_step_leaks_nothing_into_the_next_call(errors, section):
     """A 40-sequence call whose first model step raises leaves 8 requests waiting; the
     next call must not run them as its own (0.3: every row wrong; 0.4: KeyError). With
-    the second step raising, the first step's rows are already in shared memory: none
-    of them may reach the next call, whose results speculators' clone() took over."""
+    the second step raising, the first step's rows are already in the failed call's
+    region: none of them may reach the next call, whose rows stream into a region of its
+    own that speculators' clone() takes over."""
     info = _section(errors, section)
     assert info["failed"]["raised"] == "RuntimeError", info["failed"]
     assert "injected failure" in info["failed"]["message"], info["failed"]
     empty = {"requests": 0, "running": 0, "waiting": 0, "deferred": 0}
     assert info["scheduler_after_failure"] == empty, info
-    # The failed call was one the driver copies (its rows would fill the 1 MiB pool
-    # twice over), so a thread copied its rows while the model ran: the failure stops it
-    # and drops what it copied (it ran on until the next call started before).
-    assert not info["early_copy_left_running"], info
-    stats = info["failed_call_stats"]
-    assert (stats["early_calls"], stats["early_dropped"]) == (0, 1), stats
+    # the failed call fetched nothing
+    assert info["failed_call_stats"] == {"calls": 0, "streamed": 0, "handed_over": 0}, info
     nxt = info["next_call"]
     assert "raised" not in nxt, nxt
     assert nxt["returned"] == nxt["expected"] == 12, nxt
@@ -92,15 +89,14 @@ def test_failed_model_step_leaks_nothing_into_the_next_call(errors, section):
     assert nxt["compare_ok"], nxt
     assert nxt["plain_owned"], nxt
     assert info["scheduler_after_next_call"] == empty, info
-    # speculators' clone() took that call's shared memory over (zero copy)
-    assert info["next_call_handed_over"] == 1, info
+    # the next call's rows went into its own region while the model ran, and
+    # speculators' clone() took it over (zero copy)
+    assert info["next_call_stats"] == {"calls": 1, "streamed": 1, "handed_over": 1}, info
 
 
 def test_interrupt_issues_no_rpc_and_makes_the_generator_unusable(errors):
     info = _section(errors, "interrupted")
     assert info["raised"] == "KeyboardInterrupt", info
-    # the interrupted call's early copy stopped with it (no RPC needed)
-    assert not info["early_copy_left_running"], info
     assert info["rpcs_after_interrupt"] == [], info
     assert info["seconds"] < 5, info
     nxt = info["next_call"]

@@ -117,48 +117,31 @@ def test_extension_names_resolve():
         assert isinstance(getattr(importlib.import_module(mod), name), type)
 
 
-def test_segments_the_driver_released_are_freed_while_the_capture_is_off(fake_tp):
-    """The driver hands back the shared-memory segments it no longer views with the next
-    call's first RPC (``_compat_reset_capture`` / ``_compat_export_states``). A worker
-    whose capture is off (switched off, as the benchmark's "capture off" does) must still
-    free them: otherwise they stay leased for good, every later call allocates and faults
-    in a fresh segment inside its forward step, and the pool only grows."""
-    from speculators_compat import _transport
+def test_reset_with_a_plan_streams_rows_into_the_calls_region(fake_tp):
+    """With the driver's plan, every step's rows go into the call's region as the layers
+    produce them; the export RPC then only describes that region, and the driver reads
+    exactly what ``_get_captured_states`` would have returned."""
+    from speculators_compat.transport.driver import Receiver
 
     w = worker(ByRequestContractExtension)
-    exporter = w._compat_exporter = _transport.ShmExporter(chunk_bytes=1 << 20)
-    try:
-        first, _ = exporter._alloc(1024)
-        second, _ = exporter._alloc(2 << 20)
-        assert first.sid != second.sid
-        first.leased = second.leased = True
-        w._compat_capture.enabled = False
-        w._compat_reset_capture([("req_0_0", 3)], [first.sid])
-        assert not first.leased and second.leased
-        assert w._compat_export_states([second.sid]) is None
-        assert not second.leased
-    finally:
-        exporter.close()
+    p = {"req_0_0": list(range(5, 12)), "req_0_1": list(range(5, 9))}
+    w._compat_reset_capture([(rid, len(ids)) for rid, ids in p.items()])
+    runner = w.model_runner
+    step(runner, [("req_0_0", 4, 0, True), ("req_0_1", 4, 0, True)], p)  # chunked
+    step(runner, [("req_0_0", 3, 4, False)], p)
+    reply = w._compat_export_states()
+    assert reply["streamed"], reply
+    got = Receiver().fetch(lambda: reply)
+    assert list(got) == list(p)
+    for rid, layers in got.items():
+        for k, t in zip(sorted(LAYERS), layers, strict=True):
+            assert torch.equal(t, expected_rows(runner.codes(rid), len(p[rid]), k))
+    w._compat_reset_capture([])  # the next call closes the worker's side of the region
+    assert w._compat_sender._sent == [] and got["req_0_0"][0].sum() > 0
 
 
-def test_reset_with_a_token_starts_the_board_and_says_where_it_is(fake_tp):
-    """The driver's early copy (``speculators_compat._early``) reads the board the reset
-    names; without a token (no copy expected) there is no board and no reply."""
-    import os
-
-    from speculators_compat import _early, _transport
-
+def test_capture_off_answers_nothing(fake_tp):
     w = worker(ByRequestContractExtension)
-    exporter = w._compat_exporter = _transport.ShmExporter(chunk_bytes=1 << 20)
-    try:
-        assert w._compat_reset_capture([("req_0_0", 3)], [], None) is None
-        assert w._compat_capture.sink.board is None
-        reply = w._compat_reset_capture([("req_0_0", 3)], [], 41)
-        assert _transport.is_reply(reply)
-        board = reply["board"]
-        assert board["pid"] == os.getpid() and board["bytes"] == _early.WORDS * 8
-        assert w._compat_capture.sink.board is exporter._board
-        assert exporter._board.w[_early.TOKEN] == 41 and not exporter._board.w[_early.READY]
-    finally:
-        w._reset_capture()
-        exporter.close()
+    w._compat_capture.enabled = False
+    assert w._compat_reset_capture([("req_0_0", 3)]) is None
+    assert w._compat_export_states() is None

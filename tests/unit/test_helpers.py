@@ -50,11 +50,12 @@ def test_request_id_grammar_is_speculators_req_call_index():
 
 
 def test_contract_names_have_one_home():
-    from speculators_compat import _transport, worker_extension
+    from speculators_compat import worker_extension
     from speculators_compat.adapters import _targets
+    from speculators_compat.transport import wire
 
     assert _speculators.CONTRACTS == ("list", "by_request")
-    assert (_transport.LIST, _transport.BY_REQUEST) == _speculators.CONTRACTS
+    assert (wire.LIST, wire.BY_REQUEST) == _speculators.CONTRACTS
     assert (_targets.CONTRACT_LIST, _targets.CONTRACT_BY_REQUEST) == _speculators.CONTRACTS
     assert set(worker_extension.EXTENSIONS) == set(_speculators.CONTRACTS)
 

@@ -1,44 +1,38 @@
-"""The shared-memory transport (``speculators_compat._transport``) with real tensors.
+"""The transport (``speculators_compat.transport``) with real tensors and real memfds.
 
-Worker and driver halves run in one process here (the driver maps the worker's memfds
-through ``/proc/<pid>/fd`` exactly as it does across processes); the end-to-end runs in
-tests/e2e go through real vLLM worker processes.
+Worker and driver halves run in one process here (the driver opens the worker's memfd
+through ``/proc/<pid>/fd`` exactly as it does across processes); tests/e2e runs them in
+real vLLM worker processes.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from speculators_compat import _transport  # noqa: E402
+from speculators_compat.transport import wire  # noqa: E402
+from speculators_compat.transport.copies import RowCopier  # noqa: E402
+from speculators_compat.transport.driver import Receiver  # noqa: E402
+from speculators_compat.transport.worker import Sender  # noqa: E402
 
 BF16 = torch.bfloat16
-SMALL = 4 << 20  # segment size: keeps the tests' allocations small
+HIDDEN = 64
 
 
-def _states(n_req=5, n_layers=3, hidden=64, seed=0, lens=None):
+def _states(lens=(3, 10, 17, 24), n_layers=3, seed=0, call=0):
     g = torch.Generator().manual_seed(seed)
-    lens = lens or [3 + 7 * i for i in range(n_req)]
-    return {f"req_0_{i}": [torch.randn(n, hidden, generator=g).to(BF16) for _ in range(n_layers)]
-            for i, n in enumerate(lens)}
+    return {f"req_{call}_{i}": [torch.randn(n, HIDDEN, generator=g).to(BF16)
+                                for _ in range(n_layers)] for i, n in enumerate(lens)}
 
 
-def _clone(states):
-    return {k: [t.clone() for t in v] for k, v in states.items()}
-
-
-def _roundtrip(exporter, importer, states, contract=_transport.BY_REQUEST):
-    calls = []
-
-    def call(released, more):
-        exporter.release(released)
-        calls.append(more)
-        return exporter.next_piece() if more else exporter.export(states, contract)
-
-    return importer.fetch(call), calls
+def _copy(states):
+    if isinstance(states, dict):
+        return {k: [t.clone() for t in v] for k, v in states.items()}
+    return [t.clone() for t in states]
 
 
 def _equal(a, b) -> bool:
@@ -48,196 +42,209 @@ def _equal(a, b) -> bool:
                                     and torch.equal(x, y) for x, y in zip(a, b))
 
 
-def test_by_request_round_trip_keeps_order_dtype_and_values():
+def _plan(states):
+    return [(rid, layers[0].shape[0]) for rid, layers in states.items()]
+
+
+def _stream(sender, states, contract=wire.BY_REQUEST, chunk=7):
+    """One call as the capture feeds it: per step, each layer's rows of every request
+    (chunks of ``chunk`` prompt positions), then the export RPC's reply."""
+    plan = _plan(states)
+    n_layers = len(next(iter(states.values())))
+    sink = sender.begin_call(plan, n_layers, contract)
+    longest = max(n for _, n in plan)
+    for pos in range(0, longest, chunk):
+        for slot in range(n_layers):
+            sink.write(slot, [(rid, pos, layers[slot][pos:pos + chunk])
+                              for rid, layers in states.items()
+                              if pos < layers[slot].shape[0]])
+    held = states if contract == wire.BY_REQUEST else _lanes(states)
+    return sender.reply(held, contract, list(states), dict(plan))
+
+
+def _lanes(states):
+    n_layers = len(next(iter(states.values())))
+    return [torch.cat([v[s] for v in states.values()]) for s in range(n_layers)]
+
+
+def _fetch(receiver, reply):
+    return receiver.fetch(lambda: reply)
+
+
+def test_streamed_call_arrives_whole_in_input_order_with_dtype():
+    sender, receiver = Sender(), Receiver()
     states = _states()
-    got, calls = _roundtrip(_transport.ShmExporter(chunk_bytes=SMALL),
-                            _transport.ShmImporter(), _clone(states))
-    assert calls == [False]
+    reply = _stream(sender, _copy(states))
+    assert reply["streamed"] and sender.stats["streamed"] == 1
+    got = _fetch(receiver, reply)
     assert _equal(got, states)
-    assert all(t.device.type == "cpu" and t.dtype == BF16 for v in got.values() for t in v)
+    assert all(t.device.type == "cpu" for v in got.values() for t in v)
+    sender.close()
 
 
-def test_list_contract_round_trip():
-    per_layer = [torch.randn(40, 32).to(BF16) for _ in range(4)]
-    got, _ = _roundtrip(_transport.ShmExporter(chunk_bytes=SMALL), _transport.ShmImporter(),
-                        [t.clone() for t in per_layer], _transport.LIST)
-    assert isinstance(got, list) and _equal(got, per_layer)
+def test_list_contract_streams_one_lane_per_layer():
+    sender, receiver = Sender(), Receiver()
+    states = _states(lens=(5, 9, 2))
+    reply = _stream(sender, _copy(states), contract=wire.LIST, chunk=4)
+    assert reply["streamed"]
+    got = _fetch(receiver, reply)
+    assert isinstance(got, list) and _equal(got, _lanes(states))
+    sender.close()
 
 
-def test_results_stay_valid_after_later_calls_and_memory_is_reused():
-    exporter, importer = _transport.ShmExporter(chunk_bytes=SMALL), _transport.ShmImporter()
+@pytest.mark.parametrize("spoil", ["unplanned request", "recomputed prompt", "rows past end",
+                                   "missing rows"])
+def test_unforeseen_rows_switch_streaming_off_and_the_export_is_still_exact(spoil):
+    """What the plan did not foresee never becomes a wrong row: the sink switches off and
+    the states the capture holds are exported at the end."""
+    sender, receiver = Sender(), Receiver()
+    states = _states()
+    plan = _plan(states)
+    sink = sender.begin_call(plan, 3, wire.BY_REQUEST)
+    for slot in range(3):
+        sink.write(slot, [(rid, 0, v[slot]) for rid, v in states.items()])
+    if spoil == "unplanned request":
+        sink.write(0, [("req_9_9", 0, states["req_0_0"][0])])
+    elif spoil == "recomputed prompt":  # a preemption: positions start at 0 again
+        sink.write(1, [("req_0_1", 0, states["req_0_1"][1])])
+    elif spoil == "rows past end":
+        sink.write(2, [("req_0_0", 3, states["req_0_0"][2])])
+    else:
+        sink._next[("req_0_3", 2)] -= 1
+    reply = sender.reply(_copy(states), wire.BY_REQUEST, list(states),
+                         dict(plan))
+    assert not reply["streamed"] and sender.stats["exported"] == 1
+    assert _equal(_fetch(receiver, reply), states)
+    sender.close()
+
+
+def test_a_plan_other_than_the_capture_is_exported_at_the_end():
+    sender, receiver = Sender(), Receiver()
+    states = _states()
+    sink = sender.begin_call(_plan(states), 3, wire.BY_REQUEST)
+    for slot in range(3):
+        sink.write(slot, [(rid, 0, v[slot]) for rid, v in states.items()])
+    order = list(reversed(states))  # the capture holds the same rows in another order
+    held = {r: states[r] for r in order}
+    reply = sender.reply(_copy(held), wire.BY_REQUEST, order,
+                         {r: v[0].shape[0] for r, v in held.items()})
+    assert not reply["streamed"]
+    assert _equal(_fetch(receiver, reply), held)
+    sender.close()
+
+
+def _maps_of_regions() -> int:
+    with open(f"/proc/{os.getpid()}/maps") as f:
+        return sum("memfd:speculators-compat" in line for line in f)
+
+
+def test_results_outlive_later_calls_and_the_worker_and_go_with_their_last_tensor():
+    sender, receiver = Sender(), Receiver(handoff=True)
+    before = _maps_of_regions()
     first_states = _states(seed=1)
-    first, _ = _roundtrip(exporter, importer, _clone(first_states))
-    # The first result is still held: its segment is leased, a second call must not
-    # write into it.
-    second_states = _states(seed=2)
-    second, _ = _roundtrip(exporter, importer, _clone(second_states))
-    assert _equal(first, first_states) and _equal(second, second_states)
-    assert len(exporter.segments) == 2
-    del first, second
+    first = {r: [h.clone() for h in v]  # speculators 0.4's clone(): takes the region over
+             for r, v in _fetch(receiver, _stream(sender, _copy(first_states))).items()}
+    for call in range(1, 4):  # later calls, each in a region of its own
+        later = _states(seed=10 + call, call=call)
+        assert _equal(_fetch(receiver, _stream(sender, _copy(later))), later)
+    sender.close()  # the worker's side of every region is gone
     gc.collect()
-    for seed in range(3, 8):  # released segments are reused: the pool does not grow
-        s = _states(seed=seed)
-        got, _ = _roundtrip(exporter, importer, _clone(s))
-        assert _equal(got, s)
-        del got
-        gc.collect()
-    assert len(exporter.segments) == 2
+    assert _equal(first, first_states)
+    assert _maps_of_regions() == before + 1  # only the region ``first`` still uses
+    del first
+    gc.collect()
+    assert _maps_of_regions() == before
 
 
-def test_batch_larger_than_the_pool_comes_in_pieces_into_owned_memory():
-    states = _states(n_req=6, hidden=512, lens=[300, 250, 400, 10, 333, 120])  # ~5.6 MB
-    exporter = _transport.ShmExporter(pool_bytes=1 << 20, chunk_bytes=1 << 20)
-    got, calls = _roundtrip(exporter, _transport.ShmImporter(), _clone(states))
-    assert calls[0] is False and len(calls) > 3 and all(calls[1:])
-    assert exporter.stats["pieces"] == len(calls)
-    assert _equal(got, states)
-    assert sum(s.size for s in exporter.segments.values()) <= 1 << 20
-    # owned: writing into the pool afterwards does not change the result
-    for seg in exporter.segments.values():
-        seg.buf.fill_(0)
-    assert _equal(got, states)
-
-
-def test_a_known_wrong_transport_is_detected():
-    """The equality check above fails on a result with two rows swapped."""
+def test_results_are_private_across_fork():
+    """A forked child's in-place write (a DataLoader worker modifying a sample) never
+    reaches the parent's results, and the parent's later writes never reach the child."""
+    sender, receiver = Sender(), Receiver(handoff=True)
     states = _states()
-    got, _ = _roundtrip(_transport.ShmExporter(chunk_bytes=SMALL), _transport.ShmImporter(),
-                        _clone(states))
-    layer = got["req_0_1"][0]
-    layer[[0, 1]] = layer[[1, 0]]
-    assert not _equal(got, states)
+    got = {r: [h.clone() for h in v]
+           for r, v in _fetch(receiver, _stream(sender, _copy(states))).items()}
+    sender.close()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            os.close(write)
+            os.read(read, 1)  # the parent has written its results
+            ok = _equal(got, states)
+            for layers in got.values():
+                for t in layers:
+                    t.mul_(0)
+            os._exit(0 if ok else 3)
+        except BaseException:  # noqa: BLE001
+            os._exit(4)
+    os.close(read)
+    target = got["req_0_2"][1]
+    saved = target.clone()
+    target.add_(1)  # the parent writes after the fork; the child must not see it
+    os.write(write, b"x")
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child saw the parent's write"
+    target.copy_(saved)
+    assert _equal(got, states), "the child's in-place write changed the parent's results"
 
 
-def test_fallback_reply_returns_states_and_says_why(caplog):
-    states = _states()
-    importer = _transport.ShmImporter()
-    got = importer.fetch(lambda released, more: _transport.rpc_reply(states, "no memfd"))
-    assert got is states
-    assert importer.fallback_reason == "no memfd"
-    assert "no memfd" in caplog.text
+def test_without_handoff_views_are_plain_and_clone_copies():
+    sender, receiver = Sender(), Receiver(handoff=False)
+    states = _states(lens=(4, 6))
+    got = _fetch(receiver, _stream(sender, _copy(states)))
+    assert all(type(t) is torch.Tensor for v in got.values() for t in v)
+    assert receiver.stats["handed_over"] == 0 and receiver.stats["calls"] == 1
+    sender.close()
 
 
-def test_streaming_sink_writes_rows_in_place_and_describes_the_contract():
-    exporter = _transport.ShmExporter(chunk_bytes=SMALL)
-    states = _states(n_req=3, n_layers=2)
-    plan = [(rid, layers[0].shape[0]) for rid, layers in states.items()]
-    for contract in (_transport.BY_REQUEST, _transport.LIST):
-        exporter.new_call()
-        sink = _transport.StreamingSink(exporter, plan, 2, contract)
-        for slot in range(2):  # two "steps" per layer: first rows, then the rest
-            sink.write(slot, [(rid, 0, v[slot][:2]) for rid, v in states.items()])
-            sink.write(slot, [(rid, 2, v[slot][2:]) for rid, v in states.items()])
-        reply = sink.describe(list(states), dict(plan))
-        assert reply is not None
-        got = _transport.ShmImporter()._views(reply)
-        if contract == _transport.LIST:
-            want = [torch.cat([v[s] for v in states.values()]) for s in range(2)]
-        else:
-            want = states
-        assert _equal(got, want)
-        del got
-        gc.collect()
-        exporter.release(list(exporter.segments))
+def test_export_of_empty_rows_and_fallback_reply():
+    sender, receiver = Sender(), Receiver()
+    states = {"req_0_0": [torch.empty(0, HIDDEN, dtype=BF16)]}
+    got = _fetch(receiver, sender.export(states, wire.BY_REQUEST))
+    assert got["req_0_0"][0].shape == (0, HIDDEN)
+    pickled = _states(lens=(2,))
+    assert _fetch(receiver, wire.fallback_reply(pickled, "no memfd")) is pickled
+    assert receiver.fallback_reason == "no memfd"
+    assert _fetch(receiver, None) is None
+    sender.close()
 
 
-def test_streaming_sink_refuses_what_was_not_planned():
-    exporter = _transport.ShmExporter(chunk_bytes=SMALL)
-    states = _states(n_req=2, n_layers=1)
-    plan = [(rid, v[0].shape[0]) for rid, v in states.items()]
-    sink = _transport.StreamingSink(exporter, plan, 1, _transport.BY_REQUEST)
-    sink.write(0, [("req_9_9", 0, states["req_0_0"][0])])  # not in the plan
-    assert not sink.ok and sink.describe(list(states), dict(plan)) is None
-    sink = _transport.StreamingSink(exporter, plan, 1, _transport.BY_REQUEST)
-    rid, n = plan[0]
-    sink.write(0, [(rid, 1, states[rid][0])])  # one row past the prompt's end
-    assert not sink.ok
-    sink = _transport.StreamingSink(exporter, plan, 1, _transport.BY_REQUEST)
-    for r, v in states.items():
-        sink.write(0, [(r, 0, v[0])])
-    assert sink.describe(list(reversed(list(states))), dict(plan)) is None  # other order
+def test_nothing_is_created_in_dev_shm():
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm on this machine")
+    before = set(os.listdir("/dev/shm"))
+    sender, receiver = Sender(), Receiver(handoff=True)
+    got = _fetch(receiver, _stream(sender, _copy(_states())))
+    assert set(os.listdir("/dev/shm")) == before
+    del got
+    sender.close()
 
 
-def test_grow_ahead_makes_the_next_calls_memory_in_the_background():
-    chunk = 256 << 10
-    exporter = _transport.ShmExporter(pool_bytes=8 * chunk, chunk_bytes=chunk)
-    exporter.grow_ahead(3 * chunk)
-    exporter._grower.join()
-    assert exporter.stats["grown"] == 3 and len(exporter.segments) == 3
-    assert sorted(exporter.segments) == [0, 1, 2]
-    got = exporter._alloc(chunk - 64)  # a call takes a grown segment, allocates nothing
-    assert got is not None and len(exporter.segments) == 3
-    exporter.grow_ahead(3 * chunk)  # one is in use now: one more is made
-    exporter._grower.join()
-    assert exporter.stats["grown"] == 4
-    exporter.grow_ahead(100 * chunk)  # never past the pool
-    exporter._grower.join()
-    assert sum(s.size for s in exporter.segments.values()) == 8 * chunk
-    # Held segments (leased) are not free: the next call's memory is grown beside them.
-    exporter = _transport.ShmExporter(pool_bytes=8 * chunk, chunk_bytes=chunk)
-    states = _states(n_req=2, hidden=512, lens=[100, 100])  # six 100 KiB tensors
-    call = sum(t.numel() * t.element_size() for v in states.values() for t in v)
-    importer = _transport.ShmImporter()
-    first, _ = _roundtrip(exporter, importer, _clone(states))
-    held = len(exporter.segments)
-    assert held == 3 and all(s.leased for s in exporter.segments.values())
-    exporter.new_call()
-    exporter.grow_ahead(call)
-    exporter._grower.join()
-    assert exporter.stats["grown"] == 3  # beside the held ones
-    second, _ = _roundtrip(exporter, importer, _clone(states))
-    assert len(exporter.segments) == held + 3  # the call allocated nothing itself
-    assert _equal(first, states) and _equal(second, states)
-    exporter.close()
+def test_unavailable_reason_is_none_on_linux():
+    assert wire.unavailable_reason() is None
 
 
-def test_a_failing_grower_leaves_the_call_to_allocate(monkeypatch):
-    """Growing ahead is an optimisation: an error there (CUDA, memory) must neither escape
-    its thread nor stop the call, which then allocates on its own."""
+def test_copier_bounds_rows_in_flight():
+    """A hook that would put more than ``max_inflight`` bytes in staging waits for the
+    copy threads (here released by hand); one larger than the bound passes alone."""
     import threading
 
-    escaped = []
-    monkeypatch.setattr(threading, "excepthook", escaped.append)
-    exporter = _transport.ShmExporter(pool_bytes=8 << 20, chunk_bytes=1 << 20)
-    real = _transport._Segment
+    copier = RowCopier(threads=1, max_inflight=100)
+    copier._reserve(60)
+    entered = threading.Event()
 
-    def failing(size):
-        raise RuntimeError("CUDA error: out of memory (pinning)")
+    def second():
+        copier._reserve(60)
+        entered.set()
 
-    monkeypatch.setattr(_transport, "_Segment", failing)
-    exporter.grow_ahead(2 << 20)
-    exporter._grower.join()
-    monkeypatch.setattr(_transport, "_Segment", real)
-    assert escaped == [] and exporter.stats["grown"] == 0 and not exporter.segments
-    got = exporter._alloc(1000)
-    assert got is not None and len(exporter.segments) == 1
-    exporter.close()
-
-
-def test_the_first_call_makes_the_steady_pool_and_waits_for_it():
-    """The first streamed call learns a call's size: it grows the pool to what steady use
-    needs (``FIRST_CALL_AHEAD`` calls beside itself) and waits for that at its end, so
-    later calls find their segments ready; later calls grow nothing more."""
-    chunk = 64 << 10
-    exporter = _transport.ShmExporter(pool_bytes=64 * chunk, chunk_bytes=chunk)
-    states = _states(n_req=2, n_layers=2, hidden=512, lens=[40, 24])  # 128 KiB a call
-    call = sum(t.numel() * t.element_size() for v in states.values() for t in v)
-    plan = [(rid, v[0].shape[0]) for rid, v in states.items()]
-    sizes = []
-    for _ in range(4):
-        exporter.new_call()
-        sink = _transport.StreamingSink(exporter, plan, 2, _transport.BY_REQUEST)
-        for slot in range(2):
-            sink.write(slot, [(rid, 0, v[slot]) for rid, v in states.items()])
-        reply = sink.describe(list(states), dict(plan))
-        assert reply is not None and exporter._grower is None  # waited at the first end
-        got = _transport.ShmImporter()._views(reply)
-        assert _equal(got, states)
-        sizes.append(sum(s.size for s in exporter.segments.values()))
-        del got
-        gc.collect()
-        exporter.release(list(exporter.segments))
-    assert sizes[0] >= call * (1 + _transport.FIRST_CALL_AHEAD), (sizes, call)
-    assert sizes == [sizes[0]] * 4, sizes
-    assert exporter.stats["grown"] > 0
-    exporter.close()
+    t = threading.Thread(target=second)
+    t.start()
+    assert not entered.wait(0.2)  # 60 + 60 > 100: waits
+    copier._release(60)
+    assert entered.wait(2)
+    t.join()
+    copier._release(60)
+    copier._reserve(500)  # alone: passes
+    copier._release(500)
+    assert copier._inflight == 0 and copier.stats["inflight_wait_s"] > 0

@@ -203,9 +203,9 @@ def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequ
                 result["extra"] = steps("extra checks", extra_checks, gen, outputs)
             layers = sorted(set(gen.layer_ids))
             result["layer_ids"] = layers
-            importer = getattr(getattr(gen, "executor", None), "__dict__", {}).get(
-                "_compat_importer")  # the shared-memory transport's driver side, if used
-            result["transport"] = None if importer is None else dict(importer.stats)
+            receiver = getattr(getattr(gen, "executor", None), "__dict__", {}).get(
+                "_compat_receiver")  # the transport's driver side, if used
+            result["transport"] = None if receiver is None else dict(receiver.stats)
         finally:
             del gen
         from .reference import compare, reference_hidden_states

@@ -5,8 +5,8 @@ Usage: errors.py --out FILE --model PATH
 One generator, in this order: bad input (refused before anything runs); a good batch
 after those; a 40-sequence call whose first model step raises (injected on the
 generator's executor instance), then a 12-sequence call checked against transformers;
-the same with the second step raising (rows of the first already in shared memory;
-both failed calls are ones the driver copies, so each ran a thread copying rows early);
+the same with the second step raising (rows of the first already in the failed call's
+region);
 a call interrupted by KeyboardInterrupt (no RPC, generator unusable afterwards);
 deactivate() and a new activate() while the generator is alive (refused).
 """
@@ -46,10 +46,6 @@ if __name__ == "__main__":
     p.add_argument("--model", required=True)
     a = p.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # A small transport pool (workers inherit it): segments of 128 KiB that these calls'
-    # rows fill, so speculators' clone() takes the shared memory over (zero copy) here,
-    # and the failure paths below run with it.
-    os.environ.setdefault("SPECULATORS_COMPAT_TRANSPORT_BYTES", str(1 << 20))
     import speculators_compat
 
     speculators_compat.activate()
@@ -108,8 +104,8 @@ if __name__ == "__main__":
     section(out, "workers_asked", workers_asked)
 
     def transport_stats():
-        importer = gen.executor.__dict__.get("_compat_importer")
-        return None if importer is None else dict(importer.stats)
+        receiver = gen.executor.__dict__.get("_compat_receiver")
+        return None if receiver is None else dict(receiver.stats)
 
     def failed_step_then_next_call(step=1, seed=11, next_len=(5, 40)):
         # Model step ``step`` of a 40-sequence call (32 scheduled, 8 waiting) raises.
@@ -130,11 +126,9 @@ if __name__ == "__main__":
         finally:
             del ex.execute_model
         info = {"failed": failed, "scheduler_after_failure": scheduler_state(gen)}
-        importer = gen.executor.__dict__.get("_compat_importer")
-        info["early_copy_left_running"] = getattr(importer, "_early", None) is not None
         at_end = transport_stats() or {}
-        info["failed_call_stats"] = {k: at_end.get(k, 0) - at_start.get(k, 0) for k in (
-            "early_calls", "early_dropped", "early_bytes", "handed_over", "copied_ahead")}
+        info["failed_call_stats"] = {k: at_end.get(k, 0) - at_start.get(k, 0)
+                                     for k in ("calls", "streamed", "handed_over")}
         seqs = make_sequences(12, seed=seed + 1, min_len=next_len[0], max_len=next_len[1])
         before = transport_stats() or {}
         try:
@@ -145,8 +139,8 @@ if __name__ == "__main__":
         info["next_call"] = checked(seqs, res)
         info["scheduler_after_next_call"] = scheduler_state(gen)
         after = transport_stats() or {}
-        info["next_call_handed_over"] = after.get("handed_over", 0) - before.get(
-            "handed_over", 0)
+        info["next_call_stats"] = {k: after.get(k, 0) - before.get(k, 0)
+                                   for k in ("calls", "streamed", "handed_over")}
         return info
 
     section(out, "failed_step", failed_step_then_next_call)
@@ -169,16 +163,13 @@ if __name__ == "__main__":
         ex.collective_rpc, ex.execute_model = collective_rpc, execute_model
         t = time.perf_counter()
         try:
-            # 40 sequences: a call the driver copies, so its early copy runs
             gen.generate(make_sequences(40, seed=13, min_len=5, max_len=40))
             raised = None
         except KeyboardInterrupt:
             raised = "KeyboardInterrupt"
         seconds = time.perf_counter() - t
         del ex.collective_rpc, ex.execute_model
-        importer = gen.executor.__dict__.get("_compat_importer")
         return {"raised": raised, "seconds": seconds,
-                "early_copy_left_running": getattr(importer, "_early", None) is not None,
                 "rpcs_after_interrupt": rpcs[mark[0]:] if mark else None,
                 "next_call": attempt(lambda: gen.generate([[5, 6, 7]]))}
 

@@ -1,9 +1,9 @@
-"""speculators' generator through the shared-memory transport, with a deliberately small
-pool: batches that fit stream into shared memory while the model runs, a batch larger
-than the pool comes in pieces; every result (held across later calls) is compared with
-transformers; writes a JSON verdict.
+"""speculators' generator through the transport: calls of several sizes, every result
+held across the later calls and compared with transformers after all of them ran; then
+a forked child writes into the held results in place and the parent's stay unchanged;
+writes a JSON verdict.
 
-Usage: transport.py --out FILE --model PATH [--tp N] [--pool-bytes N]
+Usage: transport.py --out FILE --model PATH [--tp N]
 """
 
 import argparse
@@ -15,9 +15,7 @@ if __name__ == "__main__":
     p.add_argument("--out", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pool-bytes", type=int, default=1 << 20)
     a = p.parse_args()
-    os.environ["SPECULATORS_COMPAT_TRANSPORT_BYTES"] = str(a.pool_bytes)  # workers inherit
     if a.tp > 1:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
             str(i % (os.cpu_count() or 1)) for i in range(a.tp)))
@@ -25,19 +23,40 @@ if __name__ == "__main__":
     from speculators_compat.demo.runner import make_sequences, run_check
 
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    # 12 and 5 sequences fit a 1 MiB pool (tiny Llama, 3 layers); 64 do not.
+    # 12, 64 (more than speculators' 32 sequences per step: several steps) and 5.
     batches = [make_sequences(n, seed=i) for i, n in enumerate([12, 64, 5])]
 
     def worker_stats(worker):
-        exporter = getattr(worker, "_compat_exporter", None)
-        return None if exporter is None else dict(exporter.stats)
+        sender = getattr(worker, "_compat_sender", None)
+        return None if sender is None else dict(sender.stats)
+
+    def fork_write(outputs) -> dict:
+        """A forked child multiplies every held result by zero in place; the parent's
+        checksums must not change (results are private memory, as after a clone)."""
+        import torch
+
+        tensors = [h for res in outputs for r in res for h in r["hidden_states"]]
+        before = [float(t.float().abs().sum()) for t in tensors]
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for t in tensors:
+                    t.mul_(0)
+                os._exit(0 if all(float(t.abs().sum()) == 0 for t in tensors) else 3)
+            except BaseException:  # noqa: BLE001
+                os._exit(4)
+        _, status = os.waitpid(pid, 0)
+        after = [float(t.float().abs().sum()) for t in tensors]
+        return {"child_exit": os.waitstatus_to_exitcode(status), "tensors": len(tensors),
+                "unchanged": before == after and all(x > 0 for x in before),
+                "dtype": sorted({str(t.dtype) for t in tensors}) == [str(torch.bfloat16)]}
 
     def checks(gen, outputs):
-        importer = gen.executor.__dict__.get("_compat_importer")
+        receiver = gen.executor.__dict__.get("_compat_receiver")
         return {"worker_stats": gen.executor.collective_rpc(worker_stats),
-                "driver_stats": None if importer is None else dict(importer.stats),
-                "driver_fallback": None if importer is None else importer.fallback_reason,
-                "has_importer": importer is not None}
+                "driver_stats": None if receiver is None else dict(receiver.stats),
+                "driver_fallback": None if receiver is None else receiver.fallback_reason,
+                "has_receiver": receiver is not None, "fork": fork_write(outputs)}
 
     result = run_check(a.model, layer_ids=[0, 2, 5], batches=batches,
                        generator_kwargs={"tensor_parallel_size": a.tp} if a.tp > 1 else {},

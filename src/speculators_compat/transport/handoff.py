@@ -2,32 +2,29 @@
 
 Why: speculators 0.3.x / 0.4.x copy every captured tensor they return
 (``h.clone().cpu()``, or ``h[offset:offset + n].clone().cpu()`` in 0.3.x) so that their
-results do not alias the worker's buffers. Through the shared-memory transport those
-tensors already are views of memory that nobody else will write while anything refers to
-it (a leased segment, or memory the driver copied a call into: a batch larger than the
-pool, or a call made while earlier results hold the pool).
-At real sizes that copy is the whole remaining cost of the transport: on an H200 with an
-8B-shaped model, 7.5 GB per pass of 229k tokens with four layers, written into freshly
-faulted pages (0.85 s per pass on 8 threads, 1.4 s on 4), while the model steps themselves
-run as fast as vLLM's own prefill.
+results do not alias the worker's buffers. Through the transport those tensors already
+are views of memory that belongs to their call alone (the call's region, mapped
+privately by the driver: see :mod:`speculators_compat.transport.region`). At real sizes
+that copy is most of what is left of the transport's cost: on an H200 with an 8B-shaped
+model, 7.5 GB per pass of 229k tokens with four layers, written into freshly faulted
+pages (0.85 s per pass on 8 threads, 1.4 s on 4).
 
-How: the transport hands speculators instances of :class:`HandoffTensor` (a ``torch.Tensor``
-subclass: the same values, shapes, dtype and device). Its ``clone()`` returns a plain
-``torch.Tensor`` over exactly the bytes of the tensor (or slice) it was called on, as
-its own storage (``torch.from_numpy`` of that byte range): what a clone returns, minus
-the copy. The storage keeps the memory alive; for shared memory the segment stays
-leased until the last such tensor is gone, so the worker never writes under it (see
-:mod:`speculators_compat._transport`). Anything else on a ``HandoffTensor`` (slicing,
-``len``, ``.shape``) behaves as on a plain tensor; a ``clone()`` that cannot take the
-memory over (not contiguous, a ``memory_format`` other than the default, memory not
-registered here) is a real copy, also returned as a plain tensor. Plain tensors never see
-any of this: only the tensors the transport returns are of this class, and only
-speculators' own code holds them, for the length of one ``generate()`` call.
+How: the driver hands speculators instances of :class:`HandoffTensor` (a
+``torch.Tensor`` subclass: the same values, shapes, dtype and device). Its ``clone()``
+returns a plain ``torch.Tensor`` over exactly the bytes of the tensor (or slice) it was
+called on, as its own storage (``torch.from_numpy`` of that byte range): what a clone
+returns, minus the copy. The storage keeps the region mapped. Anything else on a
+``HandoffTensor`` (slicing, ``len``, ``.shape``) behaves as on a plain tensor; a
+``clone()`` that cannot take the memory over (not contiguous, a ``memory_format`` other
+than the default, memory not registered here) is a real copy, also returned as a plain
+tensor. Plain tensors never see any of this: only the tensors the transport returns are
+of this class, and only speculators' own code holds them, for the length of one
+``generate()`` call.
 
 Visible differences from a copied clone, both harmless for speculators' pipeline: the
-storage is not resizable (``resize_`` raises), and a result's memory is shared memory
-where a segment was handed over (it counts as ``Shmem`` / ``RssShmem``, not anonymous
-memory).
+storage is not resizable (``resize_`` raises), and a result's pages belong to a memfd
+mapped privately (they count as ``RssShmem`` until written; a write copies the page, as
+after ``fork()``).
 """
 
 from __future__ import annotations
@@ -106,6 +103,13 @@ def plain(region, dtype, shape):
     return torch.from_numpy(region).view(dtype).view(shape)
 
 
+def torch_dtype(name: str):
+    """The torch dtype named ``name`` (``"torch.bfloat16"`` or ``"bfloat16"``)."""
+    import torch
+
+    return getattr(torch, name.removeprefix("torch."))
+
+
 def nbytes(shape, dtype) -> int:
     """Bytes of a contiguous tensor of ``shape`` and ``dtype`` (a torch dtype or its name)."""
     import torch
@@ -113,11 +117,3 @@ def nbytes(shape, dtype) -> int:
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.removeprefix("torch."))
     return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-
-
-def owned_empty(shape, dtype):
-    """Driver-owned memory for a tensor, as a uint8 array (then :func:`hand_over` /
-    :func:`plain`)."""
-    import numpy as np
-
-    return np.empty(nbytes(shape, dtype), dtype=np.uint8)

@@ -1,0 +1,118 @@
+"""One call's memory: a memfd the worker fills and the driver then maps privately.
+
+Lifetime, in one sentence: each ``generate()`` call gets a region of exactly its states'
+bytes; the worker writes it and keeps it only until the driver has mapped it; the
+driver's mapping is the tensors' storage, so the memory lives exactly as long as the
+results that use it, and nothing is reused, leased or tracked across calls.
+
+Why a memfd: it has no name in ``/dev/shm`` and no size limit there (Docker's 64 MB
+default), and it goes away with the last mapping, however the processes end.
+
+Why the driver maps it ``MAP_PRIVATE`` (:func:`map_private`): the worker has finished
+writing when the driver maps it, so a private mapping reads exactly the worker's bytes
+(the pages are shared with the file, no copy), while any later write is copy-on-write:
+an in-place change of a result changes that process's copy only, also across
+``fork()`` (a ``DataLoader`` or ``multiprocessing`` worker that modifies a sample in
+place leaves the parent's results untouched), as with ordinary private memory.
+
+Population: the first write to each page of a fresh memfd costs a page fault that
+allocates and zeroes the page; on the GPU's side those faults would land in the copies
+after the last model step. :meth:`Region.populate` faults the region in ahead, on a
+background thread, while the model runs (``MADV_POPULATE_WRITE``, which never changes the
+contents, so it may race with the copies; where the kernel lacks it, ``fallocate``, which
+allocates without mapping).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from typing import Any
+
+#: ``MADV_POPULATE_WRITE`` (Linux 5.14); Python's ``mmap`` names it only from 3.13.
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+#: Bytes populated per ``madvise`` call (the copies of a step can start meanwhile).
+POPULATE_SPAN = 32 << 20
+#: Fault the region in ahead (a measurement switch of the GPU benchmark, not a setting).
+POPULATE = True
+
+
+class Region:
+    """Worker side: a memfd of ``nbytes`` mapped shared for writing (see module)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.size = max(int(nbytes), mmap.PAGESIZE)
+        self.fd = os.memfd_create("speculators-compat", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, self.size)
+            self.mm = mmap.mmap(self.fd, self.size)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._populator: threading.Thread | None = None
+        self._stop = False
+        self.populate_s = 0.0
+
+    def array(self):
+        """A uint8 numpy array over the whole region (what views are cut from)."""
+        import numpy as np
+
+        return np.frombuffer(self.mm, dtype=np.uint8)
+
+    def populate(self) -> None:
+        """Fault every page in on a background thread (see module); returns at once."""
+        if not POPULATE or self._populator is not None:
+            return
+        self._populator = threading.Thread(target=self._populate, daemon=True,
+                                           name="speculators-compat-populate")
+        self._populator.start()
+
+    def _populate(self) -> None:
+        t0 = time.perf_counter()
+        advise = True
+        try:
+            for start in range(0, self.size, POPULATE_SPAN):
+                if self._stop:
+                    break
+                length = min(POPULATE_SPAN, self.size - start)
+                if advise:
+                    try:
+                        self.mm.madvise(MADV_POPULATE_WRITE, start, length)
+                        continue
+                    except (OSError, ValueError):
+                        advise = False  # an older kernel: allocate without mapping
+                os.posix_fallocate(self.fd, start, length)
+        except (OSError, ValueError):  # an optimisation: the copies fault pages in anyway
+            pass
+        self.populate_s = time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Unmap and close (the driver's mapping, if any, keeps the memory)."""
+        self._stop = True
+        if self._populator is not None:
+            self._populator.join()
+            self._populator = None
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still alive: the mapping goes with it
+            pass
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def map_private(pid: int, fd: int, size: int) -> Any:
+    """Driver side: a uint8 numpy array over a private mapping of process ``pid``'s memfd
+    ``fd`` (see module). The mapping lives as long as the array or any view of it."""
+    import numpy as np
+
+    local = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY)
+    try:
+        mm = mmap.mmap(local, size, flags=mmap.MAP_PRIVATE,
+                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(local)
+    return np.frombuffer(mm, dtype=np.uint8)

@@ -1,0 +1,210 @@
+"""Worker side: each call's captured rows go into that call's region as the layers run.
+
+:class:`Sender` lives on the capturing worker (TP rank 0) for the generator's life.
+When a ``generate()`` call starts, the driver sends the call's plan (request ids and
+prompt lengths in input order) and the sender opens a :class:`CallSink` for it. The
+decoder-layer hooks hand the sink each step's rows; the first rows fix the row width and
+dtype, so the sink then lays the whole call out in one :class:`~.region.Region` in the
+installed speculators' contract (0.4.x: one block per request and layer, requests in
+input order; 0.3.x: one lane per layer with the requests concatenated in input order),
+starts faulting it in, and copies every later row to its place
+(:class:`~.copies.RowCopier`). When speculators asks for the states, only a descriptor
+is left to send.
+
+Anything the plan did not foresee (a request not in it, rows past a prompt's end, a
+prompt computed again after a preemption, a region that could not be made) switches
+the sink off for the call: the states the capture keeps are then written into a fresh
+region at the end (:meth:`Sender.export`), never a wrong row. The regions of a call are
+closed in the worker at the next call (the driver has mapped them by then).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from . import wire
+from .copies import RowCopier, bytes_of
+from .region import Region
+
+
+class CallSink:
+    """One call's rows, streamed into its region (see module)."""
+
+    def __init__(self, copier: RowCopier, plan, n_layers: int, contract: str,
+                 stats: dict | None = None) -> None:
+        self.copier = copier
+        self.stats = stats if stats is not None else {"write_s": 0.0}
+        self.plan = [(str(r), int(n)) for r, n in plan]
+        self.n_layers = n_layers
+        self.contract = contract
+        self.ok = bool(self.plan)
+        self.region: Region | None = None
+        self.items: list = []
+        self._dst: dict[tuple[str, int], Any] = {}
+        self._row_bytes = 0
+        self._next: dict[tuple[str, int], int] = {}  # next prompt position per block
+
+    def _lay_out(self, sample) -> None:
+        """The call's layout, from the first rows (width and dtype); makes the region."""
+        width = tuple(sample.shape[1:])
+        row_bytes = sample[0].numel() * sample.element_size()
+        dtype = str(sample.dtype)
+        total = sum(n for _, n in self.plan)
+        self.region = Region(total * row_bytes * self.n_layers)
+        self.region.populate()
+        arr = self.region.array()
+        off = 0
+        if self.contract == wire.LIST:
+            for slot in range(self.n_layers):
+                self.items.append((None, slot, off, (total, *width), dtype))
+                lane = off
+                for rid, n in self.plan:
+                    self._dst[(rid, slot)] = arr[lane:lane + n * row_bytes]
+                    lane += n * row_bytes
+                off += total * row_bytes
+        else:
+            for rid, n in self.plan:
+                for slot in range(self.n_layers):
+                    self.items.append((rid, slot, off, (n, *width), dtype))
+                    self._dst[(rid, slot)] = arr[off:off + n * row_bytes]
+                    off += n * row_bytes
+        self._row_bytes = row_bytes
+
+    def write(self, slot: int, entries) -> None:
+        """``entries``: (request id, prompt position, rows) of one layer in one step."""
+        if not self.ok:
+            return
+        t0 = time.perf_counter()
+        try:
+            if self.region is None:
+                self._lay_out(entries[0][2])
+            pairs = []
+            for rid, pos, rows in entries:
+                dst = self._dst.get((rid, slot))
+                n = rows.shape[0]
+                if (dst is None or pos != self._next.get((rid, slot), 0)
+                        or rows[0].numel() * rows.element_size() != self._row_bytes
+                        or (pos + n) * self._row_bytes > dst.nbytes):
+                    self.off()
+                    return
+                self._next[(rid, slot)] = pos + n
+                pairs.append((dst[pos * self._row_bytes:(pos + n) * self._row_bytes], rows))
+            self.copier.copy(pairs)
+        except Exception:  # noqa: BLE001 - never fail the forward: export at the end
+            self.off()
+        self.stats["write_s"] += time.perf_counter() - t0
+
+    def off(self) -> None:
+        """Streaming is off for this call: the states are exported at its end."""
+        self.ok = False
+
+    def complete(self, order: list[str], lengths: dict[str, int]) -> bool:
+        """Every planned row was streamed, for exactly the requests the capture holds
+        (``order``: input order, ``lengths``: prompt lengths). Waits for the copies."""
+        self.copier.wait()
+        planned = [r for r, _ in self.plan]
+        return (self.ok and self.region is not None and planned == order
+                and all(lengths.get(r) == n for r, n in self.plan)
+                and all(self._next.get((r, s)) == n for r, n in self.plan
+                        for s in range(self.n_layers)))
+
+    def discard(self) -> None:
+        """The call is over without its region being sent: wait for the copies (they
+        write into it), then close it."""
+        try:
+            self.copier.wait()
+        finally:
+            self._dst.clear()  # views of the region: it unmaps once they are gone
+            if self.region is not None:
+                self.region.close()
+                self.region = None
+
+
+class Sender:
+    """The capturing worker's side of the transport (see module)."""
+
+    def __init__(self) -> None:
+        self.copier = RowCopier()
+        self.sink: CallSink | None = None
+        self._sent: list[Region] = []
+        #: ``streamed``: calls whose rows went to their region while the model ran;
+        #: ``exported``: calls written into a region at their end; ``bytes``: bytes sent;
+        #: ``populate_s``: time spent faulting regions in (background); ``write_s``: time
+        #: the layer hooks spent handing rows over (inside the model's steps).
+        self.stats = {"streamed": 0, "exported": 0, "bytes": 0, "populate_s": 0.0,
+                      "write_s": 0.0}
+
+    def begin_call(self, plan, n_layers: int, contract: str) -> CallSink | None:
+        """A call starts: close what earlier calls left (the driver has mapped every region
+        it was sent), and open this call's sink (``None`` without a plan)."""
+        self.end_calls()
+        self.sink = (CallSink(self.copier, plan, n_layers, contract, self.stats)
+                     if plan else None)
+        return self.sink
+
+    def end_calls(self) -> None:
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            sink.discard()
+        for region in self._sent:
+            self.stats["populate_s"] += region.populate_s
+            region.close()
+        self._sent.clear()
+
+    def reply(self, states: Any, contract: str, order: list[str],
+              lengths: dict[str, int]) -> dict:
+        """The reply to the driver's export RPC for ``states`` (the capture's contract
+        object): the streamed region where it holds exactly them, else a fresh one."""
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            try:
+                whole = sink.complete(order, lengths)
+            except Exception:  # noqa: BLE001 - a failed copy: export what the capture holds
+                whole = False
+            if whole:
+                sink._dst.clear()
+                self.stats["streamed"] += 1
+                return self._send(sink.region, contract, sink.items, streamed=True)
+            sink.discard()
+        return self.export(states, contract)
+
+    def export(self, states: Any, contract: str) -> dict:
+        """Write ``states`` into a region of their exact size, now (the plain path: each
+        tensor through ``.cpu()``; it runs only where streaming could not)."""
+        import numpy as np
+
+        layout, off = [], 0
+        for key, slot, t in wire.tensors_of(states, contract):
+            nbytes = t.numel() * t.element_size()
+            layout.append((key, slot, off, t))
+            off += (nbytes + 63) // 64 * 64
+        region = Region(off)
+        try:
+            arr = region.array()
+            items = []
+            for key, slot, start, t in layout:
+                nbytes = t.numel() * t.element_size()
+                if nbytes:
+                    np.copyto(arr[start:start + nbytes], bytes_of(t.detach().cpu().contiguous()))
+                items.append((key, slot, start, tuple(t.shape), str(t.dtype)))
+            del arr
+        except BaseException:
+            region.close()
+            raise
+        self.stats["exported"] += 1
+        return self._send(region, contract, items, streamed=False)
+
+    def _send(self, region: Region, contract: str, items: list, streamed: bool) -> dict:
+        self._sent.append(region)
+        self.stats["bytes"] += region.size
+        return wire.region_reply(os.getpid(), region.fd, region.size, contract, items,
+                                 streamed)
+
+    def all_stats(self) -> dict:
+        return {**self.stats, **self.copier.stats, "time": time.time()}
+
+    def close(self) -> None:
+        self.end_calls()
+        self.copier.close()
