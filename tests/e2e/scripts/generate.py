@@ -19,6 +19,8 @@ if __name__ == "__main__":
                    help="also check repeat calls and batch-vs-single equality")
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--gpu-mem", type=float, default=None,
+                   help="gpu_memory_utilization of the generator (GPU runs beside others)")
     p.add_argument("--min-len", type=int, default=4)
     p.add_argument("--max-len", type=int, default=48)
     p.add_argument("--check-unscaled-differs", action="store_true",
@@ -44,6 +46,8 @@ if __name__ == "__main__":
     if a.long_batch:
         batches.insert(0, make_sequences(a.long_batch, seed=1000, min_len=240, max_len=300))
     kwargs = {}
+    if a.gpu_mem:
+        kwargs["gpu_memory_utilization"] = a.gpu_mem
     if a.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = a.max_num_batched_tokens
 
