@@ -106,7 +106,8 @@ class Region:
 
 def map_private(pid: int, fd: int, size: int) -> Any:
     """Driver side: a uint8 numpy array over a private mapping of process ``pid``'s memfd
-    ``fd`` (see module). The mapping lives as long as the array or any view of it."""
+    ``fd`` (see module). The mapping lives as long as the array or any view of it; it is
+    then unmapped on a background thread (:class:`_Unmapper`)."""
     import numpy as np
 
     local = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY)
@@ -115,4 +116,55 @@ def map_private(pid: int, fd: int, size: int) -> Any:
                        prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(local)
-    return np.frombuffer(mm, dtype=np.uint8)
+    arr = np.frombuffer(mm, dtype=np.uint8)
+    _UNMAPPER.track(arr, mm)
+    return arr
+
+
+class _Unmapper:
+    """Unmaps a call's region off the thread that dropped its last result.
+
+    Why: unmapping a region whose worker side is already closed frees every page of it
+    (about 262,000 per GiB); that happens where the last result of a call dies, which in
+    speculators' offline script is the main thread rebinding ``results`` between two
+    ``generate()`` calls, i.e. between two forwards. Here the finalizer of the region's
+    array only queues the mapping, and a daemon thread closes it (a forked child starts
+    its own thread on its first unmap)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: list = []
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def track(self, arr, mm) -> None:
+        import weakref
+
+        fin = weakref.finalize(arr, self._later, mm)
+        fin.atexit = False
+
+    def _later(self, mm) -> None:
+        with self._lock:
+            if self._pid != os.getpid() or self._thread is None or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="speculators-compat-unmap")
+                self._thread.start()
+            self._queue.append(mm)
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._wake.wait()
+                batch, self._queue = self._queue, []
+            for mm in batch:
+                try:
+                    mm.close()
+                except (BufferError, ValueError):  # still exported: goes with its views
+                    pass
+
+
+_UNMAPPER = _Unmapper()
