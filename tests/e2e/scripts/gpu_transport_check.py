@@ -90,7 +90,7 @@ def simulate(args, contract: str, threads: int, capture: bool) -> dict:
                            [torch.cat([states[r][s] for r in order]) for s in range(args.layers)])
             reply = sender.reply(held_states, contract, order, lengths)
             t_reply = time.perf_counter() - t1
-            result = receiver.fetch(lambda: reply)
+            result = receiver.fetch(lambda reply=reply: reply)
             if contract == wire.BY_REQUEST:
                 got = {rid: [h.clone() for h in layers] for rid, layers in result.items()}
                 exact = exact and all(torch.equal(got[r][s], states[r][s].cpu())
