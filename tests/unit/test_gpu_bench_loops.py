@@ -1,0 +1,127 @@
+"""The loops of benchmarks/gpu_bench_loops.py hold what their users hold: in ``dropped``
+no earlier call's results are alive during a call, in ``offline`` (speculators' offline
+script) the previous call's are, in ``held`` all of them; and their validity checks catch
+an extractor that reuses the memory of results its caller still holds (a known-wrong
+transport). A fake extractor on CPU tensors; no vLLM."""
+
+import importlib.util
+import time
+import weakref
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("numpy")
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gpu_bench_loops_under_test",
+                                               ROOT / "benchmarks" / "gpu_bench_loops.py")
+loops = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(loops)
+
+LAYERS, HIDDEN = 2, 8
+
+
+class Fake(loops.Extractor):
+    """Results like speculators' generator's. ``reuse``: every call writes its states
+    into one buffer, which earlier results still view (a transport that reuses memory
+    its caller holds). Records, at each call, how many earlier calls' results are alive."""
+
+    def __init__(self, reuse: bool = False) -> None:
+        self.reuse, self.calls = reuse, 0
+        self.refs: list[list[weakref.ref]] = []
+        self.alive_at_call: list[int] = []
+        self.buffer = torch.zeros(64, HIDDEN)
+
+    def call(self, batch):
+        self.alive_at_call.append(sum(any(r() is not None for r in refs) for refs in self.refs))
+        self.calls += 1
+        out = []
+        for s in batch:
+            if self.reuse:
+                self.buffer[: len(s)].fill_(float(self.calls))
+                hs = [self.buffer[: len(s)] for _ in range(LAYERS)]
+            else:
+                hs = [torch.full((len(s), HIDDEN), float(self.calls)) for _ in range(LAYERS)]
+            out.append({"input_ids": torch.tensor(s), "hidden_states": hs})
+        self.refs.append([weakref.ref(h) for r in out for h in r["hidden_states"]])
+        return out
+
+    def tensors(self, batch, out):
+        return [h for r in out for h in r["hidden_states"]]
+
+    def samples(self, batch, out, masks):
+        return [{"input_ids": r["input_ids"],
+                 "hidden_states": [h.contiguous() for h in r["hidden_states"]],
+                 "loss_mask": masks[id(s)][: len(r["input_ids"])]} for r, s in zip(out, batch)]
+
+
+SEQS = [[5 + i] * (3 + i % 4) for i in range(12)]
+LEAD = [[1] * 4 for _ in range(3)]
+
+
+def _run(loop, tmp_path, ex=None, **kw):
+    ex = ex or Fake()
+    rec = loops.run_pass(ex, loop, SEQS, 3, lead_in=LEAD, save_dir=tmp_path / "save", **kw)
+    return ex, rec
+
+
+def test_dropped_holds_nothing_offline_the_previous_call_held_everything(tmp_path):
+    ex, rec = _run("dropped", tmp_path)
+    assert ex.alive_at_call == [0, 0, 0, 0]  # no lead-in; nothing alive at any call
+    ex, rec = _run("offline", tmp_path)
+    # the lead-in's results, then at least the previous call's, at every timed call
+    assert ex.alive_at_call[0] == 0 and all(n >= 1 for n in ex.alive_at_call[1:])
+    assert rec["files"]["ok"] and rec["files"]["written"] == len(SEQS)
+    assert rec["results_unchanged"] is True and not list((tmp_path / "save").iterdir())
+    ex, rec = _run("held", tmp_path)
+    assert ex.alive_at_call == [0, 1, 2, 3, 4]
+    assert rec["results_unchanged"] is True
+    assert rec["calls"] == 4 and rec["tokens"] == sum(map(len, SEQS))
+    assert len(rec["calls_s"]) == len(rec["calls_tokens"]) == 4
+    assert rec["lead_in"]["seqs"] == 3 and rec["dtype"] == "torch.float32"
+
+
+def test_results_reused_by_a_later_call_are_caught(tmp_path, monkeypatch):
+    _, rec = _run("held", tmp_path, Fake(reuse=True))
+    assert rec["results_unchanged"] is False
+    # offline: the files hold what the calls returned only if saved before the reuse;
+    # with saves slower than a call the reuse reaches the files
+    real_save = torch.save
+
+    def slow_save(obj, path):
+        time.sleep(0.05)
+        real_save(obj, path)
+
+    monkeypatch.setattr(torch, "save", slow_save)
+    _, rec = _run("offline", tmp_path, Fake(reuse=True))
+    assert rec["files"]["checked_unchanged"] is False and not rec["files"]["ok"]
+    _, rec = _run("offline", tmp_path)  # the same slow saves, a correct extractor
+    assert rec["files"]["ok"] and rec["results_unchanged"] is True
+
+
+def test_keep_sees_the_timed_held_calls_and_check_every_call(tmp_path):
+    kept, checked = [], []
+    _run("held", tmp_path, keep=lambda b, o: kept.append(len(b)),
+         check=lambda b, o: checked.append(len(b)))
+    assert kept == [3, 3, 3, 3]  # not the lead-in
+    assert checked == [3, 3, 3, 3, 3]  # the lead-in too
+
+
+def test_counters_are_read_whatever_their_names():
+    class Importer:
+        stats = {"copies": 3, "nested": {"seconds": 0.5}, "mode": "fast"}
+
+    class Executor:
+        def __init__(self):
+            self._compat_importer = Importer()
+            self._compat_other_stats = {"copies": 1}
+            self.unrelated = Importer()
+
+    got = loops.find_stats(Executor())
+    assert got == {"copies": 3, "nested.seconds": 0.5, "mode": "fast",
+                   "_compat_other_stats.copies": 1}
+    assert loops.stats_delta({"copies": 1, "mode": "x"}, got, nonzero=True) == {
+        "copies": 2, "nested.seconds": 0.5, "_compat_other_stats.copies": 1}
+    assert loops.find_stats(object()) is None
