@@ -451,7 +451,7 @@ def run_passes(p: dict, res: dict, ex, peak: _Peak) -> None:
     with ThreadPoolExecutor(p.get("check_threads") or 8) as pool:
         for rnd, size, loop in plan:
             est = _estimate(res, loop, size)
-            if deadline and time.time() + 1.15 * est + 5 > deadline:
+            if deadline and time.time() + 1.15 * est + p.get("pass_margin_s", 5.0) > deadline:
                 res["skipped"].append({"round": rnd, "batch": size, "loop": loop,
                                        "why": f"deadline: {deadline - time.time():.0f}s left, "
                                               f"the pass takes ~{est:.0f}s"})

@@ -125,3 +125,49 @@ def test_counters_are_read_whatever_their_names():
     assert loops.stats_delta({"copies": 1, "mode": "x"}, got, nonzero=True) == {
         "copies": 2, "nested.seconds": 0.5, "_compat_other_stats.copies": 1}
     assert loops.find_stats(object()) is None
+
+
+def test_a_child_starts_no_pass_it_cannot_finish_and_keeps_what_ran(tmp_path, monkeypatch):
+    """gpu_bench.run_passes: passes that would end after the child's deadline are listed
+    as skipped (later rounds first), the result file holds the passes that ran. On a
+    clock that each call advances by 0.5 s."""
+    import json
+
+    gb_spec = importlib.util.spec_from_file_location("gpu_bench_under_test_deadline",
+                                                     ROOT / "benchmarks" / "gpu_bench.py")
+    gb = importlib.util.module_from_spec(gb_spec)
+    gb_spec.loader.exec_module(gb)
+
+    class Clock:
+        now = 1000.0
+
+        @classmethod
+        def time(cls):
+            return cls.now
+
+        perf_counter = time
+
+    class Slow(gb._Extractor, Fake):
+        def call(self, batch):
+            Clock.now += 0.5
+            return Fake.call(self, batch)
+
+    monkeypatch.setattr(gb, "time", Clock)
+    monkeypatch.setattr(gb.loops, "time", Clock)
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"seqs": SEQS[:4], "warmup": LEAD[:2]}))
+    p = {"mode": "b:x", "batches": "2", "rounds": [0, 1], "loops": ["held", "dropped"],
+         "tokens": str(tokens), "work": str(tmp_path), "check_seqs": 2, "layers": [0, 1],
+         "save_check": False, "result": str(tmp_path / "result.json"), "pass_margin_s": 0.0,
+         # warm-up 0.5 s, held 1.5 s (lead-in + 2 calls), dropped 1.0 s; round 1 starts at
+         # 3.0 s: its held pass (1.5 s x 1.15) and its dropped pass (1.0 s x 1.15) would
+         # both end after 4.1 s
+         "deadline_at": Clock.now + 4.1}
+    res = gb._child_result_base(p)
+    gb.run_passes(p, res, Slow(), gb._Peak())
+    assert [(ps["round"], ps["loop"]) for ps in res["passes"]] == [(0, "held"), (0, "dropped")]
+    assert [ps["wall_s"] for ps in res["passes"]] == [1.5, 1.0]
+    assert [(s["round"], s["loop"]) for s in res["skipped"]] == [(1, "held"), (1, "dropped")]
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert len(saved["passes"]) == 2 and saved["skipped"] == res["skipped"]
+    assert saved["rss_end_kib"]["peak_tracked"]
