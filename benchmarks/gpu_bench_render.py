@@ -737,8 +737,7 @@ def render_markdown(docs: list[dict], files: list[str] | None = None) -> str:
         rows = _rows(agg)
         modes = sorted({r[0] for r in rows} | set(agg["proc_peak_gib"]),
                        key=lambda m: _row_order((m, None, 0)))
-        lines += _header(bench, [f for f, d in zip(files or [], docs)
-                                 if d.get("kind") != "offline_script"] if files else None)
+        lines += _header(bench, files)  # every file, the offline script's too
         lines += _main_table(agg, rows)
         lines += _detail_table(agg, rows)
         lines += _transport_table(bench)
@@ -752,8 +751,7 @@ def render_markdown(docs: list[dict], files: list[str] | None = None) -> str:
     if scripts:
         if lines:
             lines.append("")
-        lines += render_offline_script(scripts, [f for f, d in zip(files or [], docs)
-                                                 if d.get("kind") == "offline_script"])
+        lines += render_offline_script(scripts, None if bench else files)
     return "\n".join(lines)
 
 
@@ -766,7 +764,7 @@ def render_offline_script(docs: list[dict], files: list[str] | None = None) -> l
              "release's tag) through `python -m speculators_compat run`, on "
              + ", ".join(sorted({str((d.get("machine") or {}).get("gpu")
                                      or (d.get("machine") or {}).get("device")) for d in docs}))
-             + (f"; files: {', '.join(f'`{f}`' for f in files)}" if files else "") + ".", "",
+             + ".", *([f"Files: {', '.join(f'`{f}`' for f in files)}."] if files else []), "",
              "| release | vLLM | samples | tokens | batch | generation loop s | samples/s | "
              "tokens/s | steady tokens/s (files' write times) | script start to exit s | "
              "files complete, in input order |",

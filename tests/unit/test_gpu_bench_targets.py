@@ -179,3 +179,17 @@ def test_a_child_runs_every_round_batch_and_loop_in_order():
                                                 ("c", [1]), (B, [1]), ("a", [1])]
     with pytest.raises(SystemExit, match="--loops"):
         gb.loops_arg("offline,kept")
+
+
+def test_the_offline_script_table_renders_beside_and_its_file_is_named():
+    script = {"kind": "offline_script", "machine": {"gpu": "NVIDIA H200"}, "runs": [
+        {"release": "0.4.0.1", "batch_size": 8, "wall_s": 95.0, "ok": True,
+         "versions": {"vllm": "0.34.0"},
+         "timing": {"loop_s": 6.0, "samples_per_s": 42.7, "tokens_per_s": 38000.0},
+         "check": {"ok": True, "files": 256, "tokens": 228000}}]}
+    md = gr.render_markdown([_loops_file(), script], ["docs/results/g.json",
+                                                      "docs/results/o.json"])
+    files = next(line for line in md.splitlines() if line.startswith("Files: "))
+    assert files == "Files: `docs/results/g.json`, `docs/results/o.json`."  # re-renderable
+    row = next(line for line in md.splitlines() if line.startswith("| 0.4.0.1 |"))
+    assert "| 256 | 228,000 | 8 | 6.00 | 42.7 | 38,000 |" in row and row.endswith("| yes |")
