@@ -784,6 +784,14 @@ def render_offline_script(docs: list[dict], files: list[str] | None = None) -> l
                 f"{_num(t.get('loop_s'), 2)} | {_num(t.get('samples_per_s'), 1)} | "
                 f"{_num(t.get('tokens_per_s'), 0)} | {_num(t.get('steady_tokens_per_s'), 0)} | "
                 f"{_num(r.get('wall_s'), 0)} | {verdict} |")
+    for d in docs:
+        agree = (d.get("check") or {}).get("agree")
+        if agree:
+            lines += ["", "The releases' saved states of the first "
+                      f"{agree.get('samples')} samples, minimum per-token cosine: "
+                      + ", ".join(f"{k} {v:.5f}" if v is not None else f"{k} n/a"
+                                  for k, v in agree.get("pairs", {}).items())
+                      + f" — {_mark(agree.get('ok'))} (≥ {agree.get('threshold')})"]
     return lines
 
 

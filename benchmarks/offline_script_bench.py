@@ -26,13 +26,14 @@ the first call's saves and the last file written (the files' write times), witho
 first call's warm-up. The script's wall time from start to exit (imports, preprocessing,
 engine start) is recorded apart.
 
-A check child then reads every ``data_<i>.pt`` (memory-mapped): there is one per sample,
-its ``input_ids`` are exactly the chat-template encoding of the conversation the script's
-own order puts at ``i`` (``datasets``' json load, ``shuffle(seed)`` and ``select`` as
-speculators' preprocessing does them), it holds one ``[tokens, hidden]`` bf16 tensor per
-layer and a loss mask of the same length, and the first and last files' states are
-finite. Results: ``<out>/offline_script.json`` (rewritten after every release);
-``gpu_bench.py render`` renders it beside the generator-level rows.
+After the releases, one check child reads every ``data_<i>.pt`` of each (memory-mapped):
+there is one per sample, its ``input_ids`` are exactly the chat-template encoding of the
+conversation the script's own order puts at ``i`` (``datasets``' json load,
+``shuffle(seed)`` and ``select`` as speculators' preprocessing does them), it holds one
+``[tokens, hidden]`` bf16 tensor per layer and a loss mask of the same length, the first
+and last files' states are finite; and the releases' states of the first samples agree
+(minimum per-token cosine >= 0.99). Results: ``<out>/offline_script.json`` (rewritten
+after every step); ``gpu_bench.py render`` renders it beside the generator-level rows.
 
 Device (``tools/gpu_bench.sh -- --offline-script [ARGS]`` does it after the preamble)::
 
@@ -66,8 +67,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
 SCRIPT = "scripts/data_generation_offline.py"
-#: What the check child needs of the run (and writes back).
 LOG_TAIL = 4000
+#: Minimum per-token cosine between the releases' states of one sample (gpu_bench.py's).
+MIN_COSINE = 0.99
 
 #: The script's log lines around its generation loop (its logging format may or may not
 #: carry a time: the parent stamps every line of the child's output as it arrives).
@@ -139,16 +141,16 @@ def steady_rate(files: list[dict], batch: int) -> dict:
 
 # ----------------------------------------------------------------------------- the check
 def check_child(params_file: str) -> None:
-    """In the release's environment: the script's files against the script's own order."""
+    """One child after every release's run: each release's files against the script's
+    own order, then the releases against each other (the same samples, the same states)."""
     import importlib.metadata as md
 
-    import torch
     from datasets import load_dataset
     from transformers import AutoTokenizer
 
     p = json.loads(Path(params_file).read_text())
-    res: dict = {"versions": {}}
-    for dist in ("torch", "transformers", "vllm", "speculators", "datasets"):
+    res: dict = {"versions": {}, "releases": {}}
+    for dist in ("torch", "transformers", "vllm", "datasets"):
         for name in (dist, f"{dist}-cpu"):
             try:
                 res["versions"][dist] = md.version(name)
@@ -163,13 +165,26 @@ def check_child(params_file: str) -> None:
     convs = {c["id"]: c["conversations"] for c in p["rows"]}
     tok = AutoTokenizer.from_pretrained(p["model"])
     roles = {"human": "user", "gpt": "assistant"}
-
-    def expected(cid: str) -> list[int]:
+    expected = {}
+    for cid in order:
         messages = [{"role": roles[t["from"]], "content": t["value"]} for t in convs[cid]]
         text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
+        expected[cid] = list(tok(text, add_special_tokens=False)["input_ids"])
+    for rel in p["releases"]:
+        res["releases"][rel["release"]] = check_files(
+            Path(rel["output_dir"]), order, expected, p["layers"], p["hidden"],
+            rel["batch_size"])
+    res["agree"] = compare_releases(p["releases"], p.get("compare_samples", 4))
+    Path(p["result"]).write_text(json.dumps(res, indent=1))
 
-    out = Path(p["output_dir"])
+
+def check_files(out: Path, order: list[str], expected: dict, layers: list[int], hidden: int,
+                batch_size: int) -> dict:
+    """One release's ``data_<i>.pt``: one per sample, conversation ``order[i]``'s tokens,
+    one ``[tokens, hidden]`` bf16 tensor per layer, a loss mask as long, finite states in
+    the first and last files."""
+    import torch
+
     errors: list[str] = []
     files: list[dict] = []
     for i, cid in enumerate(order):
@@ -180,16 +195,16 @@ def check_child(params_file: str) -> None:
         d = torch.load(path, mmap=True, weights_only=True)
         ids = [int(x) for x in d["input_ids"]]
         hs = d["hidden_states"]
-        if ids != expected(cid):
+        if ids != expected[cid]:
             errors.append(f"data_{i}.pt: input_ids are not conversation {cid}'s "
                           f"(position {i} of the script's order)")
-        if len(hs) != len(p["layers"]):
-            errors.append(f"data_{i}.pt: {len(hs)} layers, expected {len(p['layers'])}")
-        bad = [tuple(h.shape) for h in hs if tuple(h.shape) != (len(ids), p["hidden"])
+        if len(hs) != len(layers):
+            errors.append(f"data_{i}.pt: {len(hs)} layers, expected {len(layers)}")
+        bad = [tuple(h.shape) for h in hs if tuple(h.shape) != (len(ids), hidden)
                or h.dtype != torch.bfloat16]
         if bad:
             errors.append(f"data_{i}.pt: layer shapes/dtypes {bad[:2]}, expected "
-                          f"({len(ids)}, {p['hidden']}) bfloat16")
+                          f"({len(ids)}, {hidden}) bfloat16")
         if len(d["loss_mask"]) != len(ids):
             errors.append(f"data_{i}.pt: loss mask of {len(d['loss_mask'])} for {len(ids)} "
                           "tokens")
@@ -200,12 +215,43 @@ def check_child(params_file: str) -> None:
                    if not f.stem[5:].isdigit() or int(f.stem[5:]) >= len(order))
     if extra:
         errors.append(f"files beyond the samples: {extra[:3]}")
-    res.update(files=len(files), expected=len(order), tokens=sum(f["tokens"] for f in files),
-               errors=errors[:10], error_count=len(errors),
-               error=errors[0] if errors else None, ok=not errors and len(files) == len(order),
-               config_written=(out / "data_config.json").exists(),
-               **steady_rate(files, p["batch_size"]))
-    Path(p["result"]).write_text(json.dumps(res, indent=1))
+    return {"files": len(files), "expected": len(order),
+            "tokens": sum(f["tokens"] for f in files), "errors": errors[:10],
+            "error_count": len(errors), "error": errors[0] if errors else None,
+            "ok": not errors and len(files) == len(order),
+            "config_written": (out / "data_config.json").exists(),
+            **steady_rate(files, batch_size)}
+
+
+def compare_releases(releases: list[dict], n: int) -> dict | None:
+    """The first ``n`` samples' states of every release against the first release's:
+    minimum per-token cosine over layers (both ran the same tokens on one engine
+    configuration; the threshold is gpu_bench's)."""
+    import torch
+
+    if len(releases) < 2:
+        return None
+    base = releases[0]
+    out = {"threshold": MIN_COSINE, "samples": n, "pairs": {}}
+    for other in releases[1:]:
+        worst = 1.0
+        for i in range(n):
+            a_path = Path(base["output_dir"]) / f"data_{i}.pt"
+            b_path = Path(other["output_dir"]) / f"data_{i}.pt"
+            if not (a_path.exists() and b_path.exists()):
+                worst = None
+                break
+            ha = torch.load(a_path, mmap=True, weights_only=True)["hidden_states"]
+            hb = torch.load(b_path, mmap=True, weights_only=True)["hidden_states"]
+            for x, y in zip(ha, hb):
+                if x.shape != y.shape:
+                    worst = -1.0
+                    continue
+                cos = torch.nn.functional.cosine_similarity(x.float(), y.float(), dim=-1)
+                worst = min(worst, float(cos.min()))
+        out["pairs"][f"{base['release']} vs {other['release']}"] = worst
+    out["ok"] = all(v is not None and v >= MIN_COSINE for v in out["pairs"].values())
+    return out
 
 
 # ------------------------------------------------------------------------------- parent
@@ -319,30 +365,34 @@ class Bench:
                         machine=_machine(self.gb._nvidia_smi()))
         self.save()
         specs = list(a.spec)
-        ok = True
         for i, (version, spec_dir) in enumerate(specs):
-            left = self.remaining() - a.min_release * (len(specs) - i - 1)
+            left = (self.remaining() - a.check_reserve
+                    - a.min_release * (len(specs) - i - 1))
             if left < a.min_release:
                 self.doc["runs"].append({"release": version, "ok": False,
                                          "error": "not run: deadline"})
                 self.save()
-                ok = False
                 continue
-            run = self.run_release(version, spec_dir, model, data, rows, n, layers, hidden,
-                                   seq_length, left)
-            ok = ok and bool(run.get("ok"))
-            self.doc["runs"].append(run)
+            self.doc["runs"].append(self.run_release(version, spec_dir, model, data, n,
+                                                     layers, seq_length, left))
             self.save()
+        ran = [r for r in self.doc["runs"] if r.get("output_dir")]
+        if ran:
+            self.check(ran, model, data, rows, n, layers, hidden)
+        for r in ran:
+            if not a.keep_output:
+                shutil.rmtree(r["output_dir"], ignore_errors=True)  # 7.5 GB at the 8B shape
         self.doc["wall_s"] = time.time() - self.t0
         self.save()
         sys.path.insert(0, str(BENCH))
         from gpu_bench_render import render_offline_script
 
         print("\n".join(render_offline_script([self.doc])), flush=True)
-        return 0 if ok else 1
+        return 0 if self.doc["runs"] and all(r.get("ok") for r in self.doc["runs"]) else 1
 
-    def run_release(self, version, spec_dir, model, data, rows, n, layers, hidden,
-                    seq_length, left) -> dict:
+    def run_release(self, version, spec_dir, model, data, n, layers, seq_length,
+                    left) -> dict:
+        """speculators' script of ``version`` through the shim; its log stamped."""
         a = self.a
         script = Path(dict(a.script).get(version) or
                       ROOT / ".gpu-kit" / "spectests" / version / SCRIPT)
@@ -350,7 +400,8 @@ class Bench:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         out = work / "out"
-        run: dict = {"release": version, "script": str(script), "batch_size": a.batch_size}
+        run: dict = {"release": version, "script": str(script), "batch_size": a.batch_size,
+                     "spec_dir": spec_dir}
         if not script.is_file():
             run.update(ok=False, error=f"{script}: no such file (fetch speculators' "
                                        f"scripts/ of tag v{version}, or --script)")
@@ -363,46 +414,64 @@ class Bench:
                "--seq-length", str(seq_length), "--tensor-parallel-size", "1",
                "--max-samples", str(n),
                "--num-preprocessing-workers", str(a.preprocessing_workers)]
-        run["cmd"] = cmd
-        env = self.env(spec_dir)
         log = work / "script.log"
         print(f"[{time.time() - self.t0:5.0f}s] {version}: {' '.join(cmd[:5])} ...", flush=True)
-        rc, wall = _run(cmd, env, work, log, left - a.check_reserve)
+        rc, wall = _run(cmd, self.env(spec_dir), work, log, left)
         text = log.read_text(errors="replace")
         timing = parse_timing(text)
-        run.update(rc=rc, wall_s=wall, log=str(log), timing=timing)
-        # The check, in the same environment.
-        params = work / "check.params.json"
-        result = work / "check.result.json"
-        params.write_text(json.dumps({"data": str(data), "rows": rows, "samples": n,
-                                      "seed": a.seed, "model": model, "layers": layers,
-                                      "hidden": hidden, "seq_length": seq_length,
-                                      "output_dir": str(out), "work": str(work),
-                                      "batch_size": a.batch_size, "result": str(result)}))
-        crc, cwall = _run([a.python, str(Path(__file__).resolve()), "--check", str(params)],
-                          env, work, work / "check.log",
-                          max(min(a.check_reserve, self.remaining()), 30))
-        chk = json.loads(result.read_text()) if result.exists() else {
-            "ok": False, "error": f"check exited {crc}: "
-                                  f"{(work / 'check.log').read_text(errors='replace')[-1500:]}"}
-        chk["wall_s"] = cwall
-        run["versions"] = chk.pop("versions", None)
-        run["check"] = chk
-        if timing.get("loop_s") and chk.get("tokens"):
-            timing.update(samples_per_s=chk["files"] / timing["loop_s"],
-                          tokens_per_s=chk["tokens"] / timing["loop_s"])
-        for k in ("steady_s", "steady_tokens_per_s", "steady_samples_per_s"):
-            if k in chk:
-                timing[k] = chk[k]
-        run["ok"] = rc == 0 and bool(chk.get("ok")) and bool(timing.get("loop_s"))
+        run.update(cmd=cmd, rc=rc, wall_s=wall, log=str(log), timing=timing,
+                   output_dir=str(out), ok=rc == 0 and bool(timing.get("loop_s")))
         if not run["ok"]:
             run["log_tail"] = text[-LOG_TAIL:]
-        if not a.keep_output:
-            shutil.rmtree(out, ignore_errors=True)  # 8 GB per release at the 8B shape
         print(f"[{time.time() - self.t0:5.0f}s] {version}: rc {rc}, {wall:.0f}s, loop "
-              f"{timing.get('loop_s') or 0:.1f}s, {timing.get('tokens_per_s') or 0:,.0f} tok/s, "
-              f"check {'ok' if chk.get('ok') else chk.get('error')}", flush=True)
+              f"{timing.get('loop_s') or 0:.1f}s", flush=True)
         return run
+
+    def check(self, runs: list[dict], model, data, rows, n, layers, hidden) -> None:
+        """One check child for every release that ran (in the first one's environment):
+        files complete and in order, the releases' states equal; then samples/s and
+        tokens/s from the files' tokens."""
+        work = self.base
+        params = work / "check.params.json"
+        result = work / "check.result.json"
+        result.unlink(missing_ok=True)
+        params.write_text(json.dumps({
+            "data": str(data), "rows": rows, "samples": n, "seed": self.a.seed,
+            "model": model, "layers": layers, "hidden": hidden, "work": str(work),
+            "result": str(result),
+            "releases": [{"release": r["release"], "output_dir": r["output_dir"],
+                          "batch_size": r["batch_size"]} for r in runs]}))
+        crc, cwall = _run([self.a.python, str(Path(__file__).resolve()), "--check",
+                           str(params)], self.env(runs[0]["spec_dir"]), work,
+                          work / "check.log", max(self.remaining(), 30))
+        if result.exists():
+            res = json.loads(result.read_text())
+        else:
+            tail = (work / "check.log").read_text(errors="replace")[-1500:]
+            res = {"releases": {}, "error": f"check exited {crc}: {tail}"}
+        self.doc["check"] = {"wall_s": cwall, "agree": res.get("agree"),
+                             "versions": res.get("versions"), "error": res.get("error")}
+        for r in runs:
+            chk = res["releases"].get(r["release"]) or {"ok": False,
+                                                       "error": res.get("error")}
+            r["check"], r["versions"] = chk, res.get("versions")
+            timing = r["timing"]
+            if timing.get("loop_s") and chk.get("tokens"):
+                timing.update(samples_per_s=chk["files"] / timing["loop_s"],
+                              tokens_per_s=chk["tokens"] / timing["loop_s"])
+            for k in ("steady_s", "steady_tokens_per_s", "steady_samples_per_s"):
+                if k in chk:
+                    timing[k] = chk[k]
+            r["ok"] = bool(r.get("ok")) and bool(chk.get("ok"))
+            print(f"{r['release']}: {timing.get('tokens_per_s') or 0:,.0f} tok/s, "
+                  f"{timing.get('samples_per_s') or 0:.1f} samples/s, check "
+                  f"{'ok' if chk.get('ok') else chk.get('error')}", flush=True)
+        agree = res.get("agree")
+        if agree is not None:
+            print(f"releases agree: {agree}", flush=True)
+            if not agree.get("ok"):
+                for r in runs:
+                    r["ok"] = False
 
 
 def parser() -> argparse.ArgumentParser:
@@ -421,14 +490,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-len", type=int, default=None, help="words per conversation, min")
     p.add_argument("--max-len", type=int, default=None, help="words per conversation, max")
     p.add_argument("--batch-size", type=int, default=8, help="the script's --batch-size")
-    p.add_argument("--preprocessing-workers", type=int, default=4)
+    p.add_argument("--preprocessing-workers", type=int, default=1,
+                   help="the script's --num-preprocessing-workers (outside the timed loop)")
     p.add_argument("--seed", type=int, default=0, help="the data's and the script's --seed")
     p.add_argument("--tiny", action="store_true", help="tiny Llama, few samples (CPU test)")
-    p.add_argument("--deadline", type=float, default=200, help="seconds for the whole call")
-    p.add_argument("--min-release", type=float, default=80,
+    p.add_argument("--deadline", type=float, default=210, help="seconds for the whole call")
+    p.add_argument("--min-release", type=float, default=75,
                    help="seconds kept for every later release")
-    p.add_argument("--check-reserve", type=float, default=25,
-                   help="seconds of a release's time kept for its check")
+    p.add_argument("--check-reserve", type=float, default=20,
+                   help="seconds kept for the check after the last release")
     p.add_argument("--keep-output", action="store_true",
                    help="keep the script's files (WORK/offline-script/VERSION/out)")
     p.add_argument("--python", default=sys.executable)
