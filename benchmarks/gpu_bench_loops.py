@@ -216,6 +216,7 @@ def run_pass(ex: Extractor, loop: str | None, seqs: list[list[int]], size: int, 
     held: list = []
     sums: list[int] = []
     consume = submit = 0.0
+    states = [0]  # bytes of the hidden states handed to the save pool (timed calls)
     out = None
     if loop == "offline":
         if save_dir is None:
@@ -231,6 +232,8 @@ def run_pass(ex: Extractor, loop: str | None, seqs: list[list[int]], size: int, 
                 path = save_dir / f"data_{len(paths)}.pt"
                 paths.append(path)
                 futures.append(pool.submit(torch.save, sample, path))
+                if not first:
+                    states[0] += _nbytes(sample["hidden_states"])
             if not first:
                 submit += time.perf_counter() - t
         elif loop in ("held", "dropped"):
@@ -301,7 +304,7 @@ def run_pass(ex: Extractor, loop: str | None, seqs: list[list[int]], size: int, 
     held.clear()
     if loop == "offline":
         rec["files"] = _check_files(paths[lead_files:], sums, len(seqs), size, errors,
-                                    check_pool)
+                                    check_pool, states[0])
         rec["results_unchanged"] = rec["files"].get("checked_unchanged")
         for p in paths:
             p.unlink(missing_ok=True)
@@ -311,13 +314,31 @@ def run_pass(ex: Extractor, loop: str | None, seqs: list[list[int]], size: int, 
     return rec
 
 
+def _nbytes(hidden) -> int:
+    """Bytes of a sample's hidden states (a list of tensors or one tensor)."""
+    ts = hidden if isinstance(hidden, (list, tuple)) else [hidden]
+    return sum(t.nelement() * t.element_size() for t in ts)
+
+
+#: A saved file may hold its states and a few kB of pickle (``FILE_OVERHEAD`` each); more
+#: means a tensor was saved with a larger storage behind it (a view of memory shared with
+#: other results), which upstream's separate copies never are.
+MAX_FILE_OVER_STATES = 1.5
+FILE_OVERHEAD = 16 * 1024
+
+
 def _check_files(paths: list[Path], sums: list[int], n: int, size: int, errors: list,
-                 pool) -> dict:
-    """The offline loop's files: one per sample, each loadable, and those of the first
-    checked calls hold exactly what those calls returned."""
+                 pool, states_bytes: int = 0) -> dict:
+    """The offline loop's files: one per sample, each loadable, no larger than the states
+    they hold (``MAX_FILE_OVER_STATES``), and those of the first checked calls hold exactly
+    what those calls returned."""
     import torch
 
-    out = {"expected": n, "written": sum(p.exists() for p in paths), "errors": errors[:3]}
+    written = [p for p in paths if p.exists()]
+    out = {"expected": n, "written": len(written), "errors": errors[:3],
+           "saved_bytes": sum(p.stat().st_size for p in written), "states_bytes": states_bytes}
+    if states_bytes:
+        out["saved_over_states"] = out["saved_bytes"] / states_bytes
     unchanged = []
     for i, s in enumerate(sums):
         chunk = paths[i * size:(i + 1) * size]
@@ -329,5 +350,7 @@ def _check_files(paths: list[Path], sums: list[int], n: int, size: int, errors: 
         unchanged.append(checksum(tensors, pool) == s)
     out["checked_calls"] = len(sums)
     out["checked_unchanged"] = all(unchanged) if unchanged else None
-    out["ok"] = out["written"] == n and not errors and out["checked_unchanged"] is not False
+    out["ok"] = (out["written"] == n and not errors and out["checked_unchanged"] is not False
+                 and out["saved_bytes"] <= MAX_FILE_OVER_STATES * states_bytes
+                 + FILE_OVERHEAD * len(written))
     return out

@@ -251,6 +251,8 @@ def aggregate(docs: list[dict]) -> dict:
                     e.setdefault("held_ok", []).append(1.0 if ok else 0.0)
                 if isinstance(ps.get("files"), dict):
                     e.setdefault("files_ok", []).append(1.0 if ps["files"].get("ok") else 0.0)
+                    if ps["files"].get("saved_over_states") is not None:
+                        e.setdefault("files_over", []).append(ps["files"]["saved_over_states"])
                 if ps.get("drain_exceeds_a_call") is not None:
                     e.setdefault("drain_long", []).append(1.0 if ps["drain_exceeds_a_call"]
                                                           else 0.0)
@@ -440,9 +442,11 @@ def _detail_table(agg: dict, rows: list[tuple]) -> list[str]:
 
         drain = med("drain_s") + (" (> a call)" if (e.get("drain_long") or {}).get("max")
                                   else "")
+        files = yes("files_ok") + (f" ({e['files_over']['max']:.2f}× the states' bytes)"
+                                   if e.get("files_over") else "")
         lines.append(f"| {_label(mode)} | {LOOP_LABELS.get(loop, '—') if loop else '—'} | "
                      f"{bsz} | {med('seconds')} | {med('generate_s')} | {med('load_s')} | "
-                     f"{med('consume_s')} | {drain} | {yes('held_ok')} | {yes('files_ok')} | "
+                     f"{med('consume_s')} | {drain} | {yes('held_ok')} | {files} | "
                      f"{med('peak_gib')} | {med('rss_growth_mib', 0)} |")
     return lines
 

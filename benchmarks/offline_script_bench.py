@@ -70,6 +70,10 @@ SCRIPT = "scripts/data_generation_offline.py"
 LOG_TAIL = 4000
 #: Minimum per-token cosine between the releases' states of one sample (gpu_bench.py's).
 MIN_COSINE = 0.99
+#: A file may hold its states and a few kB of pickle; more means a tensor was saved with a
+#: larger storage behind it (a view of memory shared with other results).
+MAX_FILE_OVER_STATES = 1.5
+FILE_OVERHEAD = 16 * 1024
 
 #: The script's log lines around its generation loop (its logging format may or may not
 #: carry a time: the parent stamps every line of the child's output as it arrives).
@@ -210,13 +214,18 @@ def check_files(out: Path, order: list[str], expected: dict, layers: list[int], 
                           "tokens")
         if i in (0, len(order) - 1) and not all(bool(torch.isfinite(h).all()) for h in hs):
             errors.append(f"data_{i}.pt: non-finite hidden states")
-        files.append({"mtime": path.stat().st_mtime, "tokens": len(ids)})
+        size, states = path.stat().st_size, sum(h.nelement() * h.element_size() for h in hs)
+        if size > MAX_FILE_OVER_STATES * states + FILE_OVERHEAD:
+            errors.append(f"data_{i}.pt: {size} bytes for {states} bytes of states (a tensor "
+                          "saved with a larger storage behind it)")
+        files.append({"mtime": path.stat().st_mtime, "tokens": len(ids), "bytes": size})
     extra = sorted(f.name for f in out.glob("data_*.pt")
                    if not f.stem[5:].isdigit() or int(f.stem[5:]) >= len(order))
     if extra:
         errors.append(f"files beyond the samples: {extra[:3]}")
     return {"files": len(files), "expected": len(order),
-            "tokens": sum(f["tokens"] for f in files), "errors": errors[:10],
+            "tokens": sum(f["tokens"] for f in files),
+            "bytes": sum(f["bytes"] for f in files), "errors": errors[:10],
             "error_count": len(errors), "error": errors[0] if errors else None,
             "ok": not errors and len(files) == len(order),
             "config_written": (out / "data_config.json").exists(),

@@ -28,8 +28,8 @@ class Fake(loops.Extractor):
     into one buffer, which earlier results still view (a transport that reuses memory
     its caller holds). Records, at each call, how many earlier calls' results are alive."""
 
-    def __init__(self, reuse: bool = False) -> None:
-        self.reuse, self.calls = reuse, 0
+    def __init__(self, reuse: bool = False, views: bool = False, hidden: int = HIDDEN) -> None:
+        self.reuse, self.views, self.hidden, self.calls = reuse, views, hidden, 0
         self.refs: list[list[weakref.ref]] = []
         self.alive_at_call: list[int] = []
         self.buffer = torch.zeros(64, HIDDEN)
@@ -38,12 +38,19 @@ class Fake(loops.Extractor):
         self.alive_at_call.append(sum(any(r() is not None for r in refs) for refs in self.refs))
         self.calls += 1
         out = []
+        # views: every state a view of one tensor per call (a whole call's rows)
+        whole = torch.full((sum(map(len, batch)) * LAYERS, self.hidden), float(self.calls))
+        row = 0
         for s in batch:
             if self.reuse:
                 self.buffer[: len(s)].fill_(float(self.calls))
                 hs = [self.buffer[: len(s)] for _ in range(LAYERS)]
+            elif self.views:
+                hs = [whole[row + k * len(s): row + (k + 1) * len(s)] for k in range(LAYERS)]
+                row += LAYERS * len(s)
             else:
-                hs = [torch.full((len(s), HIDDEN), float(self.calls)) for _ in range(LAYERS)]
+                hs = [torch.full((len(s), self.hidden), float(self.calls))
+                      for _ in range(LAYERS)]
             out.append({"input_ids": torch.tensor(s), "hidden_states": hs})
         self.refs.append([weakref.ref(h) for r in out for h in r["hidden_states"]])
         return out
@@ -99,6 +106,15 @@ def test_results_reused_by_a_later_call_are_caught(tmp_path, monkeypatch):
     assert rec["files"]["checked_unchanged"] is False and not rec["files"]["ok"]
     _, rec = _run("offline", tmp_path)  # the same slow saves, a correct extractor
     assert rec["files"]["ok"] and rec["results_unchanged"] is True
+
+
+def test_files_saved_with_a_larger_storage_behind_them_are_caught(tmp_path):
+    # speculators' script saves h.contiguous(): a view of a whole call's memory is
+    # contiguous, and torch.save writes all of that memory into every sample's file
+    _, rec = _run("offline", tmp_path, Fake(views=True, hidden=4096))
+    assert rec["files"]["saved_over_states"] > 2 and not rec["files"]["ok"]
+    _, rec = _run("offline", tmp_path, Fake(hidden=4096))
+    assert rec["files"]["saved_over_states"] < 1.05 and rec["files"]["ok"]
 
 
 def test_keep_sees_the_timed_held_calls_and_check_every_call(tmp_path):
