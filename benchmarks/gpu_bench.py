@@ -340,12 +340,12 @@ def pass_plan(p: dict) -> list[tuple[int, int, str | None]]:
     before the next, so that a run cut short loses whole later rounds first. (a) has no
     results, so one pass per batch size and round (loop ``None``)."""
     sizes = [int(x) for x in str(p["batches"]).split(",")]
-    loops = [None] if p["mode"] == "a" else list(p["loops"])
+    names = [None] if p["mode"] == "a" else list(p["loops"])
     plan = []
     for r in p["rounds"]:
         k = r % len(sizes)
         for size in sizes[k:] + sizes[:k]:
-            plan += [(r, size, loop) for loop in loops]
+            plan += [(r, size, loop) for loop in names]
     return plan
 
 
