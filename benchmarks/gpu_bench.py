@@ -1,63 +1,66 @@
-"""GPU benchmark: hidden states to the driver, speculators' generator vs vLLM.
+"""GPU benchmark: hidden states to the driver in the loops users run, against vLLM.
 
 One command on the GPU machine measures, on one random-weight checkpoint of Llama-3-8B's
-shape and one set of token ids, each mode in a fresh process, modes alternating per round:
+shape and one set of token ids:
 
   a             vLLM ``LLM.generate(max_tokens=1)`` with speculators' engine limits
                 (enforce_eager, max_num_seqs 32, max_num_batched_tokens 8192, no prefix
                 caching): the prefill ceiling; no hidden state leaves the engine.
   b:<release>   speculators' own ``VllmHiddenStatesGenerator`` through the shim
                 (``speculators_compat.activate()``), one per ``--spec VERSION=DIR``
-                (``PYTHONPATH`` selects the release). Results are held and checksummed
-                like a user's; driver RSS (peak and after each pass) is recorded.
+                (``PYTHONPATH`` selects the release).
   c             vLLM's native ``extract_hidden_states`` + ``ExampleHiddenStatesConnector``
                 (what speculators >= 0.5 builds on); every file is loaded back into the
                 driver inside the timed region. Native aux layer id = speculators' id + 1.
 
-Each child starts its engine, runs one untimed warm-up batch, then one timed pass over all
-sequences per batch size (``--batches 32,8``: ``generate()`` called with that many
-sequences at a time; the order of the passes alternates by round). In round 0 the (b) and
-(c) children also save the hidden states of the first ``--check-seqs`` sequences; a last
-child compares them (minimum per-token cosine per layer, (b) vs (c) and between releases).
+(b) and (c) run each loop of ``--loops`` (``gpu_bench_loops.py``): ``offline``
+(speculators' own offline script: ``results = gen.generate(batch)`` bound while a 4-thread
+pool saves every sample with ``torch.save`` to local disk, under ``--save-dir``), ``held``
+(every result of the pass held) and ``dropped`` (each call's results deleted before the
+next call). Per pass: tokens/s, every call's time and tokens, driver peak RSS (reset per
+pass), the shim's transport counters whatever their names, and whether results stayed
+valid after later calls.
 
-``--tp N`` runs every mode's engine with ``tensor_parallel_size=N`` and nothing else changed:
-(a) and (c) ``LLM(..., tensor_parallel_size=N)``, (b) speculators'
-``VllmHiddenStatesGenerator(..., tensor_parallel_size=N)`` (both releases take it). Every
-child checks that its engine reports N workers. (c) at N > 1: only TP rank 0's connector
-writes files (each rank's connector is asked; the child fails unless exactly rank 0
-writes), and each file holds the full rows (the cache-only layer keeps all aux layers at
-the full hidden size on every rank: the residual stream is replicated), so the driver's
-check adds the hidden size to the shape it checks. Results and check files carry the TP
-size; ``render`` keys rows by it (like (b)'s copy threads: ``b:0.4.0.1|t8|tp2``), compares
-each (b) and (c) with (a) at the same TP size, and compares (b) with (c) only within one TP
-size (files of older runs have no TP field: TP 1). On a CPU build, N workers need
-``VLLM_CPU_OMP_THREADS_BIND`` (one core each: the parent sets ``0|1|...`` unless given).
+Processes: by default one per path (``--round-procs shared``): it starts its engine, runs
+one untimed warm-up call, then every round: one timed pass per batch size (``--batches
+32,8``, order rotated by round) and loop, all of round 0 before round 1. So (a), (c) and
+(b) of one round are measured minutes apart in the same call, which is what "the same
+run" means for the ratios; the rounds repeat the passes in the same processes (engine
+starts dominate a call: ``--round-procs fresh`` gives every round its own processes,
+when time allows). In round 0 the (b) and (c) children also save the hidden states of
+the first ``--check-seqs`` sequences from their held pass; a last child compares them
+(minimum per-token cosine per layer, (b) vs (c) and between releases).
 
-Every child writes its result as soon as it finishes, and the parent rewrites
+``--tp N`` runs every engine with ``tensor_parallel_size=N`` and nothing else changed (both
+releases' generators take it); every child checks that its engine reports N workers; (c)
+at N > 1: only TP rank 0's connector writes files (checked), each file holding the full
+rows. Results and check files carry the TP size; the render keys rows by it. On a CPU
+build, N workers need ``VLLM_CPU_OMP_THREADS_BIND`` (the parent sets ``0|1|...``).
+
+Every child writes its result after every pass, and the parent rewrites
 ``<out>/gpu_bench.json`` after every child, so a run cut short still returns its data. A
-failed child is recorded with its log tail; the parent goes on. ``--deadline`` (seconds
-for the whole run) keeps one device command under its 10-minute limit; ``--modes`` runs a
-subset (e.g. ``a,c`` in one call and ``b`` in the next; the check files stay in ``--work``).
+failed child is recorded with its log tail; the parent goes on. ``--deadline`` (seconds for
+the whole call) keeps one device command under its limit: each child gets the time left
+minus ``--min-child`` for every child after it and ``--reserve-compare``, and starts no
+pass it cannot finish by then (skipped passes are listed, later rounds first).
 
 Usage (device, after the GPU kit is installed; ``tools/gpu_bench.sh`` does all of it)::
 
     python3 benchmarks/gpu_bench.py --out $OUT --site /root/site \\
         --spec 0.3.0=/root/spec-0.3.0 --spec 0.4.0.1=/root/spec-0.4.0.1
 
-Two GPUs (same checkpoint and tokens, every engine tensor parallel 2)::
-
-    bash tools/gpu_bench.sh -- --tp 2 --json-name gpu_bench-tp2.json
-
 CPU test (tiny Llama, a few sequences; mode c runs with a CPU stand-in of the connector's
 write step, see ``CpuHiddenStatesConnector``)::
 
     PYTHONPATH=.envs/speculators-0.4.0.1 VLLM_CPU_KVCACHE_SPACE=1 \\
         .envs/vllm-0.32.0/bin/python benchmarks/gpu_bench.py --tiny --out /tmp/gb \\
-        --spec 0.3.0=.envs/speculators-0.3.0 --spec 0.4.0.1=.envs/speculators-0.4.0.1
+        --work /tmp/gbw --spec 0.3.0=.envs/speculators-0.3.0 \\
+        --spec 0.4.0.1=.envs/speculators-0.4.0.1
 
 (add ``--tp 2`` for tensor parallel 2 on vLLM 0.32's CPU build: two workers, one core each.)
 
-Render (here, after the device run; several JSON files are merged)::
+Render (here, after the device run; several JSON files are merged; the renderer is
+``gpu_bench_render.py``, a pure function of the recorded files)::
 
     python3 benchmarks/gpu_bench.py render docs/results/bench-gpu-....json --update-docs
 """
@@ -65,7 +68,6 @@ Render (here, after the device run; several JSON files are merged)::
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
 import json
 import os
@@ -78,10 +80,16 @@ import subprocess
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import gpu_bench_loops as loops  # noqa: E402  (beside this file)
+from gpu_bench_render import src_digest  # noqa: E402
 
 #: Llama-3-8B's shape (the issue's checkpoint); weights random.
 LLAMA3_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -93,7 +101,10 @@ TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 6,
         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
         "vocab_size": 1024, "max_position_embeddings": 2048}
 
-FULL = {"num_seqs": 256, "min_len": 768, "max_len": 1024, "layers": [2, 16, 29, 31],
+#: 96 sequences per pass: with two rounds of every loop and batch size for (a), (c) and
+#: both (b) releases, one device command of engine starts and passes fits in 540 s
+#: (docs/performance.md, "Run it").
+FULL = {"num_seqs": 96, "min_len": 768, "max_len": 1024, "layers": [2, 16, 29, 31],
         "batches": "32,8", "max_model_len": 2048, "check_seqs": 32, "model": LLAMA3_8B}
 SMALL = {"num_seqs": 8, "min_len": 24, "max_len": 40, "layers": [1, 3, 5],
          "batches": "4,2", "max_model_len": 512, "check_seqs": 4, "model": TINY}
@@ -105,53 +116,11 @@ SPEC_MIN_MAX_BATCHED_TOKENS = 8192
 #: tokens, so they differ only by batching order effects.
 MIN_COSINE = 0.99
 CHILD_LOG_TAIL = 4000
+#: Seconds a child keeps, after its last pass, to write its result and stop its engine.
+CHILD_EXIT_S = 15
 
 
 # --------------------------------------------------------------------------- small helpers
-def _rss_kib() -> dict:
-    """This process's memory: current and peak RSS (KiB) from /proc and getrusage."""
-    out = {"ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, val = line.split(":", 1)
-                out[key.lower() + "_kib"] = int(val.split()[0])
-    except OSError:
-        pass
-    return out
-
-
-def _tree_rss_mib() -> dict | None:
-    """RSS of this process's children by name (vLLM's engine core and workers), MiB."""
-    try:
-        import psutil
-    except ImportError:
-        return None
-    out: dict[str, float] = {}
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            name = proc.name()
-            out[name] = out.get(name, 0.0) + proc.memory_info().rss / 2**20
-        except psutil.Error:
-            pass
-    return out
-
-
-def _checksum(tensors) -> int:
-    """Touch every byte of the tensors (as a user consuming them would): the wrapping sum of
-    their raw bytes as 64-bit words (numpy: a few GB/s; torch's integer sums are ~30x slower).
-    Equal data gives equal sums; changed data almost surely does not."""
-    import numpy as np
-    import torch
-
-    total = 0
-    for t in tensors:
-        raw = t.detach().contiguous().view(-1).view(torch.uint8).numpy()
-        n8 = raw.size // 8 * 8
-        total += int(raw[:n8].view(np.uint64).sum(dtype=np.uint64)) + int(raw[n8:].sum())
-    return total % 2**64
-
-
 def _versions() -> dict:
     import importlib.metadata as md
 
@@ -249,21 +218,6 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def _chunks(seqs: list, size: int) -> list[list]:
-    return [seqs[i:i + size] for i in range(0, len(seqs), size)]
-
-
-def src_digest() -> str:
-    """sha256 (12 hex digits) of the shim's sources (``src/speculators_compat/**/*.py``):
-    names the code a device run used even where the copy there has no git history;
-    ``render`` compares it with this checkout's."""
-    h = hashlib.sha256()
-    base = ROOT / "src" / "speculators_compat"
-    for f in sorted(base.rglob("*.py")):
-        h.update(str(f.relative_to(base)).encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()[:12]
-
-
 def shim_commit() -> str | None:
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
@@ -346,55 +300,6 @@ def __getattr__(name: str):
 
 
 # ------------------------------------------------------------------------------- children
-class _Pass:
-    """One timed pass over all sequences in batches of ``size``; results held by the pass
-    (like a user collecting a dataset) and released at its end. ``keep``: hold only the
-    first ``keep`` calls' results (checksummed and dropped otherwise, like speculators'
-    offline script, which saves each batch and holds the last one while the next call
-    runs; ``--hold call`` keeps the first, for the check that results stay valid after
-    later calls)."""
-
-    def __init__(self, size: int, keep: int | None = None) -> None:
-        self.size = size
-        self.keep = keep
-        self.calls_s: list[float] = []
-        self.rss_after_call_kib: list[int] = []
-        self.extra: dict = {}
-        self.held: list = []
-        self.checksums: list[int] = []
-        self.consume_s = 0.0
-
-    def record(self, dt: float, held_tensors: list | None) -> None:
-        self.calls_s.append(dt)
-        if held_tensors is not None:
-            t = time.perf_counter()
-            self.checksums.append(_checksum(held_tensors))
-            self.consume_s += time.perf_counter() - t
-            if self.keep is None or len(self.held) < self.keep:
-                self.held.append(held_tensors)
-        self.rss_after_call_kib.append(_rss_kib().get("vmrss_kib", 0))
-
-    def finish(self, tokens: int) -> dict:
-        """Re-check the first calls' results (still valid after later generate() calls?),
-        then release everything and measure RSS again."""
-        held_valid = None
-        if self.held:
-            n = min(2, len(self.held))
-            held_valid = all(_checksum(self.held[i]) == self.checksums[i] for i in range(n))
-        self.held.clear()
-        gc.collect()
-        total = sum(self.calls_s)
-        return {"batch": self.size, "calls": len(self.calls_s), "seconds": total,
-                "tokens": tokens, "tokens_per_s": tokens / total if total else None,
-                "tokens_per_s_with_consume": (tokens / (total + self.consume_s)
-                                              if total else None),
-                "calls_s": self.calls_s, "consume_s": self.consume_s,
-                "held_results_unchanged": held_valid,
-                "rss_after_call_kib": self.rss_after_call_kib,
-                "rss_released_kib": _rss_kib().get("vmrss_kib"), "tree_rss_mib": _tree_rss_mib(),
-                **self.extra}
-
-
 def _save_check(p: dict, name: str, per_seq_layers: list[list]) -> dict:
     """Hidden states of the first sequences for the parent's comparison (safetensors)."""
     from safetensors.torch import save_file
@@ -429,10 +334,19 @@ def _split_check_name(name: str) -> tuple[str, int]:
     return (head, int(tail)) if sep and tail.isdigit() else (name, 1)
 
 
-def _batch_order(p: dict) -> list[int]:
-    sizes = [int(x) for x in p["batches"].split(",")]
-    k = p["round"] % len(sizes)
-    return sizes[k:] + sizes[:k]
+def pass_plan(p: dict) -> list[tuple[int, int, str | None]]:
+    """The child's passes in order: ``(round, batch, loop)``. Every round runs every batch
+    size (order rotated by round) and, for (b) and (c), every loop; all of one round
+    before the next, so that a run cut short loses whole later rounds first. (a) has no
+    results, so one pass per batch size and round (loop ``None``)."""
+    sizes = [int(x) for x in str(p["batches"]).split(",")]
+    names = [None] if p["mode"] == "a" else list(p["loops"])
+    plan = []
+    for r in p["rounds"]:
+        k = r % len(sizes)
+        for size in sizes[k:] + sizes[:k]:
+            plan += [(r, size, loop) for loop in names]
+    return plan
 
 
 def _load_tokens(p: dict) -> tuple[list[list[int]], list[list[int]]]:
@@ -440,16 +354,39 @@ def _load_tokens(p: dict) -> tuple[list[list[int]], list[list[int]]]:
     return data["seqs"], data["warmup"]
 
 
+def _compat_env() -> dict:
+    """The shim's settings this child ran with (``SPECULATORS_COMPAT_*``): rows of runs
+    with different settings are never merged."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith("SPECULATORS_COMPAT_") and k != "SPECULATORS_COMPAT_ACTIVE"}
+
+
 def _child_result_base(p: dict) -> dict:
-    return {"mode": p["mode"], "round": p["round"], "tp": p.get("tp", 1),
-            "hold": p.get("hold", "all"), "memory_ahead": p.get("memory_ahead", True),
-            "huge_pages": p.get("huge_pages", True), "early_copy": p.get("early_copy", True),
+    return {"mode": p["mode"], "rounds": p["rounds"], "round": p["rounds"][0],
+            "tp": p.get("tp", 1), "loops": p.get("loops"),
+            "memory_ahead": p.get("memory_ahead", True), "huge_pages": p.get("huge_pages", True),
+            "early_copy": p.get("early_copy", True), "compat_env": _compat_env(),
             "versions": _versions(), "device": _device_info(), "pid": os.getpid(),
-            "passes": []}
+            "passes": [], "skipped": []}
 
 
-def _emit(p: dict, res: dict) -> None:
-    res["rss_end_kib"] = _rss_kib()
+class _Peak:
+    """This process's peak RSS over the run, although each pass resets the kernel's."""
+
+    def __init__(self) -> None:
+        self.kib = 0
+
+    def read(self) -> None:
+        self.kib = max(self.kib, loops.rss().get("vmhwm_kib") or 0)
+
+
+def _emit(p: dict, res: dict, peak: _Peak | None = None) -> None:
+    if peak is not None:
+        peak.read()
+    end = {"ru_maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, **loops.rss()}
+    if peak is not None:  # the kernel's counter was reset by the passes
+        end.update(vmhwm_kib=peak.kib, peak_tracked=True)
+    res["rss_end_kib"] = end
     _write_json(Path(p["result"]), res)
 
 
@@ -465,40 +402,196 @@ def _llm_kwargs(p: dict) -> dict:
     return kw
 
 
-def child_a(p: dict) -> None:
-    from vllm import LLM, SamplingParams
+class _CheckKeeper:
+    """Collects the first ``check_seqs`` sequences' hidden states from a held pass and
+    writes the check file (the held results are alive anyway: no copy)."""
 
+    def __init__(self, p: dict, ex, res: dict) -> None:
+        self.p, self.ex, self.res = p, ex, res
+        self.seqs: list[list] = []
+
+    def __call__(self, batch, out) -> None:
+        if len(self.seqs) >= self.p["check_seqs"]:
+            return
+        self.seqs += self.ex.check_layers(batch, out)[: self.p["check_seqs"] - len(self.seqs)]
+        if len(self.seqs) == self.p["check_seqs"]:
+            self.res["check_file"] = _save_check(
+                self.p, _check_name(self.p["mode"], self.p.get("tp", 1)), self.seqs)
+            self.seqs = []
+
+
+def _estimate(res: dict, loop, size: int) -> float:
+    """Seconds the next pass will take, from the passes already run (0 before any)."""
+    same = [ps["wall_s"] for ps in res["passes"] if ps.get("loop") == loop
+            and ps.get("batch") == size and ps.get("wall_s")]
+    if same:
+        return max(same)
+    walls = [ps["wall_s"] for ps in res["passes"] if ps.get("wall_s")]
+    return max(walls) if walls else 0.0
+
+
+def run_passes(p: dict, res: dict, ex, peak: _Peak) -> None:
+    """Warm-up call, then every pass of :func:`pass_plan` that fits before the child's
+    deadline; the result file is rewritten after each pass."""
     seqs, warm = _load_tokens(p)
+    t = time.perf_counter()
+    out = ex.call(warm)
+    ex.check(warm, out)
+    del out
+    res["warmup_s"] = time.perf_counter() - t
+    loops.trim()
+    res["rss_after_warmup_kib"] = loops.rss().get("vmrss_kib")
+    plan = pass_plan(p)
+    res["plan"] = [list(x) for x in plan]
+    _emit(p, res, peak)  # start-up numbers survive a child stopped mid-pass
+    save_dir = Path(p.get("save_dir") or (Path(p["work"]) / "save")) / p["mode"].replace(":", "-")
+    shutil.rmtree(save_dir, ignore_errors=True)
+    keeper = _CheckKeeper(p, ex, res) if p.get("save_check") and ex.check_layers else None
+    deadline = p.get("deadline_at")
+    with ThreadPoolExecutor(p.get("check_threads") or 8) as pool:
+        for rnd, size, loop in plan:
+            est = _estimate(res, loop, size)
+            if deadline and time.time() + 1.15 * est + p.get("pass_margin_s", 5.0) > deadline:
+                res["skipped"].append({"round": rnd, "batch": size, "loop": loop,
+                                       "why": f"deadline: {deadline - time.time():.0f}s left, "
+                                              f"the pass takes ~{est:.0f}s"})
+                _emit(p, res, peak)
+                continue
+            keep = keeper if keeper is not None and loop == "held" and "check_file" not in res \
+                else None
+            peak.read()
+            before = ex.stats()
+            ex.reset_timers()
+            t = time.time()
+            rec = loops.run_pass(ex, loop, seqs, size, lead_in=warm[:size], save_dir=save_dir,
+                                 check_pool=pool, keep=keep, check=ex.check)
+            rec.update(round=rnd, wall_s=time.time() - t, **ex.timers())
+            after = ex.stats()
+            rec["driver"] = loops.stats_delta(before, after)
+            rec["driver_abs"] = after
+            rec["transport"] = ex.worker_stats()
+            peak.read()
+            res["passes"].append(rec)
+            _emit(p, res, peak)
+    shutil.rmtree(save_dir, ignore_errors=True)
+    if keeper is not None and "check_file" not in res:
+        res["check_file_missing"] = "no held pass ran in round 0"
+
+
+class _Extractor(loops.Extractor):
+    """Defaults shared by the three paths."""
+
+    check_layers = None
+
+    def check(self, batch, out) -> None:
+        pass
+
+    def reset_timers(self) -> None:
+        pass
+
+    def timers(self) -> dict:
+        return {}
+
+    def worker_stats(self):
+        return None
+
+
+class _VllmPrefill(_Extractor):
+    """(a): ``LLM.generate(max_tokens=1)``; nothing to hold."""
+
+    def __init__(self, llm) -> None:
+        from vllm import SamplingParams
+
+        self.llm, self.sp = llm, SamplingParams(max_tokens=1, temperature=0.0)
+
+    def call(self, batch):
+        return self.llm.generate([{"prompt_token_ids": s} for s in batch], self.sp,
+                                 use_tqdm=False)
+
+    def check(self, batch, out) -> None:
+        if len(out) != len(batch) or any(len(o.outputs[0].token_ids) != 1 for o in out):
+            raise RuntimeError("LLM.generate returned the wrong number of outputs/tokens")
+
+
+def child_a(p: dict) -> None:
+    from vllm import LLM
+
     res = _child_result_base(p)
+    peak = _Peak()
     t = time.perf_counter()
     llm = LLM(**_llm_kwargs(p))
     res["startup_s"] = time.perf_counter() - t
     res["workers"] = _try(lambda: llm.collective_rpc(_runner_info))
     _check_workers(p, res["workers"])
-    sp = SamplingParams(max_tokens=1, temperature=0.0)
-
-    def run(batch):
-        outs = llm.generate([{"prompt_token_ids": s} for s in batch], sp, use_tqdm=False)
-        if len(outs) != len(batch) or any(len(o.outputs[0].token_ids) != 1 for o in outs):
-            raise RuntimeError("LLM.generate returned the wrong number of outputs/tokens")
-        return outs
-
-    t = time.perf_counter()
-    run(warm)
-    res["warmup_s"] = time.perf_counter() - t
-    res["rss_after_warmup_kib"] = _rss_kib().get("vmrss_kib")
-    _emit(p, res)  # start-up numbers survive a child stopped mid-pass
-    tokens = sum(len(s) for s in seqs)
-    for size in _batch_order(p):
-        ps = _Pass(size)
-        for batch in _chunks(seqs, size):
-            t = time.perf_counter()
-            run(batch)
-            ps.record(time.perf_counter() - t, None)
-        res["passes"].append(ps.finish(tokens))
-        _emit(p, res)
+    run_passes(p, res, _VllmPrefill(llm), peak)
     res["ok"] = True
-    _emit(p, res)
+    _emit(p, res, peak)
+
+
+class _Generator(_Extractor):
+    """(b): speculators' ``VllmHiddenStatesGenerator.generate`` through the shim."""
+
+    def __init__(self, gen, layers: list[int]) -> None:
+        self.gen, self.layers = gen, layers
+
+    def call(self, batch):
+        return self.gen.generate([list(s) for s in batch])
+
+    def check(self, batch, out) -> None:
+        if len(out) != len(batch):
+            raise RuntimeError(f"generate() returned {len(out)} results for {len(batch)}")
+        for r, s in zip(out, batch):
+            if len(r["hidden_states"]) != len(self.layers):
+                raise RuntimeError(f"{len(r['hidden_states'])} layers returned, expected "
+                                   f"{len(self.layers)}")
+            if any(h.device.type != "cpu" for h in r["hidden_states"]):
+                raise RuntimeError("hidden states not on the CPU (upstream format: CPU "
+                                   "tensors)")
+            if r["input_ids"].tolist() != list(s):
+                raise RuntimeError("results not in input order (input_ids differ)")
+
+    def tensors(self, batch, out) -> list:
+        return [h for r in out for h in r["hidden_states"]]
+
+    def samples(self, batch, out, masks) -> list[dict]:
+        # speculators' scripts/data_generation_offline.py (0.4.0.1), per result
+        return [{"input_ids": r["input_ids"],
+                 "hidden_states": [h.contiguous() for h in r["hidden_states"]],
+                 "loss_mask": masks[id(s)][: len(r["input_ids"])]}
+                for r, s in zip(out, batch)]
+
+    def check_layers(self, batch, out) -> list[list]:
+        return [list(r["hidden_states"]) for r in out]
+
+    def stats(self):
+        return loops.find_stats(getattr(self.gen, "executor", None), self.gen)
+
+    def worker_stats(self):
+        return _try(lambda: self.gen.executor.collective_rpc(_transport_stats))
+
+
+def _measurement_switches(p: dict) -> None:
+    """``--no-memory-ahead``, ``--no-huge-pages``, ``--no-early-copy``: measurements of the
+    transport that has those parts (the transport's copies go into ordinary memory with
+    no pages made beside the steps; or memory made ahead in ordinary pages; or no row
+    copied before the states arrive). Refused, naming the flag, where the shim has no
+    such part."""
+    wanted = {"early_copy": "--no-early-copy", "memory_ahead": "--no-memory-ahead",
+              "huge_pages": "--no-huge-pages"}
+    off = [k for k in wanted if not p.get(k, True)]
+    if not off:
+        return
+    try:
+        from speculators_compat import _early, _fresh
+    except ImportError as exc:
+        raise RuntimeError(f"{', '.join(wanted[k] for k in off)}: this shim's transport has "
+                           f"no such part ({exc}); run without the flag") from None
+    if "early_copy" in off:
+        _early.ENABLED = False
+    if "memory_ahead" in off:
+        _fresh.FreshMemory.prepare = lambda self, nbytes: None
+    if "huge_pages" in off:
+        _fresh.HUGE_PAGES = False
 
 
 def child_b(p: dict) -> None:
@@ -506,24 +599,13 @@ def child_b(p: dict) -> None:
     import speculators_compat
 
     report = speculators_compat.activate()
-    from speculators_compat import _early, _fresh
-
-    # Measurements, not settings (--no-memory-ahead, --no-huge-pages, --no-early-copy): the
-    # transport's copies go into ordinary memory, so the steps run with no pages made
-    # beside them; or the memory made ahead is made in ordinary pages; or no row is copied
-    # before the states arrive.
-    if not p.get("early_copy", True):
-        _early.ENABLED = False
-    if not p.get("memory_ahead", True):
-        _fresh.FreshMemory.prepare = lambda self, nbytes: None
-    if not p.get("huge_pages", True):
-        _fresh.HUGE_PAGES = False
+    _measurement_switches(p)
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
     )
 
-    seqs, warm = _load_tokens(p)
     res = _child_result_base(p)
+    peak = _Peak()
     res["import_activate_s"] = time.perf_counter() - t
     res["report"] = _try(report.as_dict)
     kwargs = {"gpu_memory_utilization": p["gpu_mem"]} if p.get("gpu_mem") else {}
@@ -536,102 +618,15 @@ def child_b(p: dict) -> None:
     res["workers"] = _try(lambda: gen.executor.collective_rpc(_runner_info))
     _check_workers(p, res["workers"])
     res["worker_reports"] = _try(lambda: gen.executor.collective_rpc(_worker_report()))
-    res["rss_after_start_kib"] = _rss_kib().get("vmrss_kib")
-
-    def run(batch):
-        out = gen.generate([list(s) for s in batch])
-        if len(out) != len(batch):
-            raise RuntimeError(f"generate() returned {len(out)} results for {len(batch)}")
-        for r, s in zip(out, batch):
-            if len(r["hidden_states"]) != len(p["layers"]):
-                raise RuntimeError(f"{len(r['hidden_states'])} layers returned, expected "
-                                   f"{len(p['layers'])}")
-            if any(h.device.type != "cpu" for h in r["hidden_states"]):
-                raise RuntimeError("hidden states not on the CPU (upstream format: CPU "
-                                   "tensors)")
-            if r["input_ids"].tolist() != list(s):
-                raise RuntimeError("results not in input order (input_ids differ)")
-        return out
-
-    t = time.perf_counter()
-    run(warm)
-    res["warmup_s"] = time.perf_counter() - t
-    gc.collect()
-    res["rss_after_warmup_kib"] = _rss_kib().get("vmrss_kib")
-    _emit(p, res)  # start-up numbers survive a child stopped mid-pass
-    tokens = sum(len(s) for s in seqs)
-    check = None
-    for size in _batch_order(p):
-        per_call = p.get("hold") == "call"
-        ps = _Pass(size, keep=1 if per_call else None)
-        dtype = None
-        driver0 = _driver_stats(gen)
-        first: list = []
-        calls_driver: list[dict] = []
-        for batch in _chunks(seqs, size):
-            before = _driver_stats(gen)
-            t = time.perf_counter()
-            out = run(batch)
-            dt = time.perf_counter() - t
-            after = _driver_stats(gen)
-            if before is not None and after is not None:
-                calls_driver.append({k: after[k] - (before.get(k) or 0) for k in CALL_KEYS
-                                     if k in after})
-            hs = [h for r in out for h in r["hidden_states"]]
-            if len(first) < p["check_seqs"] and p["save_check"]:
-                # Results dropped per call: copies for the check file (outside the timed
-                # region), so that only the pass's first call stays held, as a saving
-                # script holds its last batch while the next call runs.
-                first += [[h.clone() for h in r["hidden_states"]] if per_call
-                          else r["hidden_states"] for r in out][: p["check_seqs"] - len(first)]
-            del out
-            dtype = str(hs[0].dtype) if hs else dtype
-            ps.record(dt, hs)
-            del hs
-        if p["save_check"] and check is None:
-            check = _save_check(p, _check_name(p["mode"], p.get("tp", 1)), first)
-            res["check_file"] = check
-        ps.extra["dtype"] = dtype
-        if calls_driver:
-            ps.extra["driver_calls"] = calls_driver
-        ps.extra["transport"] = _try(lambda: gen.executor.collective_rpc(_transport_stats))
-        del first
-        finished = ps.finish(tokens)  # releases the pass's results
-        driver1 = _driver_stats(gen)
-        if driver0 is not None and driver1 is not None:
-            # This pass's driver-side share: the export RPCs, and speculators' copies after
-            # the states arrived (with the threads they ran with); read after the release,
-            # so that the pool pages unmapped because of it count in this pass.
-            finished["driver"] = {k: (driver1[k] - (driver0.get(k) or 0)
-                                      if k.endswith("_s") or k in COUNTED else driver1[k])
-                                  for k in driver1}
-            finished["driver"]["read_after_release"] = True
-        res["passes"].append(finished)
-        _emit(p, res)
+    res["rss_after_start_kib"] = loops.rss().get("vmrss_kib")
+    run_passes(p, res, _Generator(gen, p["layers"]), peak)
     res["ok"] = True
-    _emit(p, res)
-
-
-#: Driver transport counters recorded per call (differences), to split a call's time into
-#: the transport's part and the rest (the steps).
-CALL_KEYS = ("fetch_s", "copy_s", "after_fetch_s", "handed_over", "copied_ahead",
-             "early_bytes", "early_calls")
-#: Driver transport counters that count calls or bytes (reported per pass, as differences).
-COUNTED = ("handed_over", "copied_ahead", "clone_copied", "fresh_bytes", "trimmed_bytes",
-           "early_bytes", "early_calls", "early_dropped")
-
-
-def _driver_stats(gen) -> dict | None:
-    """The shim's driver-side transport timers (cumulative), if the transport is in use."""
-    importer = getattr(getattr(gen, "executor", None), "__dict__", {}).get("_compat_importer")
-    stats = getattr(importer, "stats", None)
-    return dict(stats) if isinstance(stats, dict) else None
+    _emit(p, res, peak)
 
 
 def _transport_stats(worker) -> dict | None:
-    """Runs in each vLLM worker: the shared-memory transport's counters (cumulative)."""
-    exporter = getattr(worker, "_compat_exporter", None)
-    return None if exporter is None else dict(exporter.stats, segments=len(exporter.segments))
+    """Runs in each vLLM worker: the shim's counters hung on the worker (cumulative)."""
+    return loops.find_stats(worker)
 
 
 def native_llm(llm_kwargs: dict, aux: list[int], store: Path):
@@ -694,9 +689,38 @@ def native_extract(llm, batch: list[list[int]], n_aux: int, timers: dict | None 
     return loaded
 
 
+class _Native(_Extractor):
+    """(c): vLLM's ``extract_hidden_states`` + connector; every file loaded in the call."""
+
+    def __init__(self, llm, n_aux: int, hidden: int | None) -> None:
+        self.llm, self.n_aux, self.hidden = llm, n_aux, hidden
+        self._timers = {"generate_s": 0.0, "load_s": 0.0}
+
+    def call(self, batch):
+        return native_extract(self.llm, batch, self.n_aux, self._timers, hidden=self.hidden)
+
+    def tensors(self, batch, out) -> list:
+        return list(out)
+
+    def samples(self, batch, out, masks) -> list[dict]:
+        import torch
+
+        return [{"input_ids": torch.as_tensor(s, dtype=torch.long), "hidden_states": hs,
+                 "loss_mask": masks[id(s)]} for s, hs in zip(batch, out)]
+
+    def check_layers(self, batch, out) -> list[list]:
+        return [[hs[:, j, :] for j in range(self.n_aux)] for hs in out]
+
+    def reset_timers(self) -> None:
+        self._timers.update(generate_s=0.0, load_s=0.0)
+
+    def timers(self) -> dict:
+        return dict(self._timers)
+
+
 def child_c(p: dict) -> None:
-    seqs, warm = _load_tokens(p)
     res = _child_result_base(p)
+    peak = _Peak()
     store = Path(p["c_storage"]) / f"c-{os.getpid()}"
     if store.exists():
         shutil.rmtree(store)
@@ -715,44 +739,11 @@ def child_c(p: dict) -> None:
     _check_workers(p, res["workers"])
     res["connector_ranks"] = _try(lambda: llm.collective_rpc(_connector_info))
     _check_writers(p, res["connector_ranks"])
-    timers = {"generate_s": 0.0, "load_s": 0.0}
-
-    def run(batch):
-        return native_extract(llm, batch, len(aux), timers, hidden=p.get("hidden_size"))
-
-    t = time.perf_counter()
-    run(warm)
-    res["warmup_s"] = time.perf_counter() - t
-    gc.collect()
-    res["rss_after_warmup_kib"] = _rss_kib().get("vmrss_kib")
-    _emit(p, res)  # start-up numbers survive a child stopped mid-pass
-    tokens = sum(len(s) for s in seqs)
-    check = None
-    for size in _batch_order(p):
-        ps = _Pass(size)
-        timers.update(generate_s=0.0, load_s=0.0)
-        first: list = []
-        for batch in _chunks(seqs, size):
-            t = time.perf_counter()
-            loaded = run(batch)
-            dt = time.perf_counter() - t
-            if len(first) < p["check_seqs"]:
-                first += loaded[: p["check_seqs"] - len(first)]
-            ps.record(dt, loaded)
-        if p["save_check"] and check is None:
-            check = _save_check(p, _check_name("c", p.get("tp", 1)),
-                                [[hs[:, j, :] for j in range(len(aux))] for hs in first])
-            res["check_file"] = check
-        ps.extra.update(generate_s=timers["generate_s"], load_s=timers["load_s"],
-                        dtype=str(first[0].dtype) if first else None)
-        del first
-        res["passes"].append(ps.finish(tokens))
-        _emit(p, res)
-    left = sorted(x.name for x in store.iterdir())
-    res["files_left"] = len(left)
+    run_passes(p, res, _Native(llm, len(aux), p.get("hidden_size")), peak)
+    res["files_left"] = len(list(store.iterdir()))
     shutil.rmtree(store, ignore_errors=True)
     res["ok"] = True
-    _emit(p, res)
+    _emit(p, res, peak)
 
 
 def child_build(p: dict) -> None:
@@ -901,6 +892,26 @@ def expand_modes(modes: str, specs: list[tuple[str, str]]) -> list[str]:
     return out
 
 
+def loops_arg(text: str) -> list[str]:
+    """``--loops``: a comma-separated subset of :data:`gpu_bench_loops.LOOPS`, in order."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in loops.LOOPS]
+    if bad or not names:
+        raise SystemExit(f"--loops {text!r}: expected a comma-separated subset of "
+                         f"{','.join(loops.LOOPS)}")
+    return names
+
+
+def child_jobs(modes: list[str], rounds: int, procs: str) -> list[tuple[str, list[int]]]:
+    """The children in order, each with the rounds it runs: one per mode running every
+    round (``shared``), or one per mode and round, the mode order rotated by round
+    (``fresh``)."""
+    if procs == "shared":
+        return [(m, list(range(rounds))) for m in modes]
+    return [(m, [r]) for r in range(rounds)
+            for m in modes[r % len(modes):] + modes[:r % len(modes)]]
+
+
 class Parent:
     def __init__(self, a) -> None:
         self.a = a
@@ -958,7 +969,7 @@ class Parent:
         return env
 
     def run_child(self, mode: str, params: dict, timeout: float) -> dict:
-        tag = f"{mode.replace(':', '-')}-r{params.get('round', 0)}"
+        tag = f"{mode.replace(':', '-')}-r{''.join(map(str, params.get('rounds', [0])))}"
         pfile = self.work / f"{tag}.params.json"
         rfile = self.work / f"{tag}.result.json"
         lfile = self.logs / f"{tag}.log"
@@ -995,8 +1006,8 @@ class Parent:
         res.update(rc=rc, wall_s=time.time() - t, log=str(lfile))
         if "tp" in params:
             res["tp"] = params["tp"]
-        if "round" in params:
-            res["round"] = params["round"]
+        if "rounds" in params:
+            res["rounds"], res["round"] = params["rounds"], params["rounds"][0]
         if rc != 0 or not res.get("ok"):
             res["ok"] = False
             res.setdefault("error", f"child exited with {rc}" + (
@@ -1033,10 +1044,13 @@ class Parent:
                     "tokens": toks["tokens"], "tokens_sha": toks["sha"], "seed": a.seed,
                     "tiny": a.tiny, "v2": a.v2, "c_chunked_prefill": a.c_chunked_prefill,
                     "c_layer_offset": a.c_layer_offset, "gpu_mem": a.gpu_mem,
-                    "tp": a.tp, "hold": a.hold, "specs": dict(a.spec)})
+                    "tp": a.tp, "loops": loops_arg(a.loops), "round_procs": a.round_procs,
+                    "deadline": a.deadline, "specs": dict(a.spec)})
         self.save()
         print(f"{toks['tokens']} tokens in {cfg['num_seqs']} sequences; modes {modes}; "
-              f"batches {sizes}; layers {cfg['layers']}; tensor parallel {a.tp}", flush=True)
+              f"loops {loops_arg(a.loops)}; batches {sizes}; {a.rounds} round(s), "
+              f"{a.round_procs} processes; layers {cfg['layers']}; tensor parallel {a.tp}",
+              flush=True)
         build = self.run_child("build", {"ckpt": str(ckpt), "model_config": cfg["model"]},
                                min(a.timeout, self.remaining()))
         self.doc["build"] = build
@@ -1050,27 +1064,31 @@ class Parent:
                 "c_storage": a.c_storage or str(self.work / "c-store"),
                 "c_chunked_prefill": a.c_chunked_prefill, "c_layer_offset": a.c_layer_offset,
                 "tp": a.tp, "hidden_size": (build.get("config") or {}).get("hidden_size"),
-                "hold": a.hold, "memory_ahead": not a.no_memory_ahead,
+                "loops": loops_arg(a.loops), "save_dir": a.save_dir,
+                "check_threads": a.check_threads, "memory_ahead": not a.no_memory_ahead,
                 "huge_pages": not a.no_huge_pages, "early_copy": not a.no_early_copy}
         checks = any(m.startswith(("b:", "c")) for m in modes)
         reserve = a.reserve_compare if checks else 0.0
-        for r in range(a.rounds):
-            order = modes[r % len(modes):] + modes[: r % len(modes)]
-            for mode in order:
-                left = self.remaining() - reserve
-                if left < a.min_child:
-                    self.doc["runs"].append({"mode": mode, "round": r, "tp": a.tp, "ok": False,
-                                             "error": "not run: deadline"})
-                    print(f"skip {mode} round {r}: {left:.0f}s left", flush=True)
-                    self.save()
-                    continue
-                if r == 0:  # this run's check file, never one left by an earlier run
-                    (self.work / "check" / f"{_check_name(mode, a.tp)}.safetensors").unlink(
-                        missing_ok=True)
-                res = self.run_child(mode, {**base, "round": r, "save_check": r == 0},
-                                     min(a.timeout, left))
-                self.doc["runs"].append(res)
+        jobs = child_jobs(modes, a.rounds, a.round_procs)
+        for i, (mode, rounds) in enumerate(jobs):
+            # The time left, less what every later child and the comparison need.
+            left = self.remaining() - reserve - a.min_child * (len(jobs) - i - 1)
+            if left < a.min_child:
+                self.doc["runs"].append({"mode": mode, "rounds": rounds, "round": rounds[0],
+                                         "tp": a.tp, "ok": False,
+                                         "error": "not run: deadline"})
+                print(f"skip {mode} rounds {rounds}: {left:.0f}s left", flush=True)
                 self.save()
+                continue
+            if 0 in rounds:  # this run's check file, never one left by an earlier run
+                (self.work / "check" / f"{_check_name(mode, a.tp)}.safetensors").unlink(
+                    missing_ok=True)
+            timeout = min(a.timeout, left)
+            res = self.run_child(mode, {**base, "rounds": rounds, "save_check": 0 in rounds,
+                                        "deadline_at": time.time() + timeout - CHILD_EXIT_S},
+                                 timeout)
+            self.doc["runs"].append(res)
+            self.save()
         if checks:
             cmp_ = self.run_child("compare", {**base, "round": 0, "call_started": self.t0},
                                   max(min(a.reserve_compare, self.remaining()), 20))
@@ -1079,6 +1097,8 @@ class Parent:
         self.doc["wall_s"] = time.time() - self.t0
         self.save()
         try:
+            from gpu_bench_render import render_markdown
+
             print(render_markdown([self.doc]), flush=True)
         except Exception:  # noqa: BLE001 - the data is saved; rendering is a courtesy here
             traceback.print_exc()
@@ -1089,6 +1109,10 @@ class Parent:
                  and not cmp_.get("pairs"))
         ok = all(r.get("ok") for r in self.doc["runs"]) and (
             not checks or cmp_.get("ok") or alone)
+        skipped = sum(len(r.get("skipped") or []) for r in self.doc["runs"])
+        if skipped:
+            print(f"{skipped} pass(es) skipped for the deadline (listed in the JSON)",
+                  flush=True)
         return 0 if ok else 1
 
 
@@ -1155,580 +1179,30 @@ def summary_line(r: dict) -> str:
                          r.get("pairs", {}).items()) or r.get("error", "no check files")
     parts = [f"start {r['startup_s']:.0f}s" if r.get("startup_s") else ""]
     for ps in r.get("passes", []):
-        parts.append(f"b{ps['batch']}: {ps.get('tokens_per_s') or 0:,.0f} tok/s")
+        loop = f" {ps['loop']}" if ps.get("loop") else ""
+        parts.append(f"r{ps.get('round', 0)}{loop} b{ps['batch']}: "
+                     f"{ps.get('tokens_per_s') or 0:,.0f} tok/s")
+    if r.get("skipped"):
+        parts.append(f"{len(r['skipped'])} pass(es) skipped (deadline)")
     if not r.get("ok"):
         parts.append(str(r.get("error", ""))[:300])
     return ", ".join(x for x in parts if x)
 
 
-# ------------------------------------------------------------------------------- renderer
-GPU_BEGIN = "<!-- BEGIN GENERATED GPU RESULTS (benchmarks/gpu_bench.py render --update-docs) -->"
-GPU_END = "<!-- END GENERATED GPU RESULTS -->"
-LABELS = {"a": "(a) vLLM LLM.generate, max_tokens=1", "c": "(c) native extract_hidden_states"
-          " + ExampleHiddenStatesConnector, files loaded"}
-
-
-def _run_mode(r: dict) -> str:
-    """A child's mode as the report keys it: (b) runs that recorded the driver threads of
-    speculators' copies are told apart by them (``b:0.4.0.1|t8``), so that runs with
-    different ``SPECULATORS_COMPAT_COPY_THREADS`` are never merged; runs at tensor parallel
-    N > 1 by that (``a|tp2``, ``b:0.4.0.1|t8|tp2``; a run without a TP field is TP 1)."""
-    mode = r.get("mode") or ""
-    if mode.startswith("b:"):
-        # Calls copied by the transport: its own copy threads where the run recorded them
-        # (speculators' clone threads, ``copy_threads``, are another count since then).
-        key = ("copy_pool_threads" if any("copy_pool_threads" in (ps.get("driver") or {})
-                                          for ps in r.get("passes", [])) else "copy_threads")
-        threads = {(ps.get("driver") or {}).get(key) for ps in r.get("passes", [])}
-        threads.discard(None)
-        if len(threads) == 1:
-            mode = f"{mode}|t{threads.pop()}"
-        if _zero_copy(r):
-            mode = f"{mode}|zc"
-            if any("copied_ahead" in (ps.get("driver") or {}) for ps in r.get("passes", [])):
-                mode = f"{mode}|ca"  # held calls copied into memory made during the forward
-            if any((ps.get("driver") or {}).get("early_calls") for ps in r.get("passes", [])):
-                mode = f"{mode}|ec"  # rows copied while the model ran
-        if r.get("hold") == "call":
-            mode = f"{mode}|hc"
-        if r.get("memory_ahead") is False:
-            mode = f"{mode}|nma"
-        elif r.get("huge_pages") is False:
-            mode = f"{mode}|nhp"
-        if r.get("early_copy") is False:
-            mode = f"{mode}|nec"
-    tp = r.get("tp") or 1
-    return f"{mode}|tp{tp}" if tp != 1 and mode else mode
-
-
-def _zero_copy(r: dict) -> bool:
-    """Did this (b) run's shim hand speculators' clone() the memory (zero copy)? From its
-    activation report (runs before zero copy existed: no)."""
-    adapters = ((r.get("report") or {}).get("adapters") or []) if isinstance(
-        r.get("report"), dict) else []
-    return any(a.get("name") == "shm_transport" and "takes the memory over" in str(
-        a.get("reason")) for a in adapters if isinstance(a, dict))
-
-
-def _mode_parts(key: str) -> tuple[str, str, int]:
-    """``b:0.4.0.1|t8|tp2`` -> (``b:0.4.0.1``, ``8``, 2); ``a`` -> (``a``, ``""``, 1)."""
-    base, *tags = key.split("|")
-    threads = next((t[1:] for t in tags if t[:1] == "t" and t[1:].isdigit()), "")
-    tp = next((int(t[2:]) for t in tags if t[:2] == "tp" and t[2:].isdigit()), 1)
-    return base, threads, tp
-
-
-def _with_tp(base: str, tp: int) -> str:
-    """The key of mode ``base`` (``a``, ``c``) at TP size ``tp``."""
-    return f"{base}|tp{tp}" if tp != 1 else base
-
-
-def _ref_a(key: str) -> str:
-    """The (a) row a row is compared with: (a) at the same TP size."""
-    return _with_tp("a", _mode_parts(key)[2])
-
-
-def _mode_order(key: str) -> tuple:
-    """Rows grouped by TP size, then (a), (b), (c)."""
-    return (_mode_parts(key)[2], key[:1], key)
-
-
-def _tp_suffix(key: str) -> str:
-    tp = _mode_parts(key)[2]
-    return f", TP {tp}" if tp != 1 else ""
-
-
-def _b_version(mode: str, what: str) -> str:
-    base, threads, _ = _mode_parts(mode)
-    tags = mode.split("|")[1:]
-    return (f"(b) speculators {base[2:]} {what}"
-            + (", zero copy" if "zc" in tags else "")
-            + ((" or copies into ordinary memory (none made ahead)" if "nma" in tags
-                else " or copies into memory made ahead") if "ca" in tags else "")
-            + (f", {threads} copy threads" if threads and ("zc" not in tags or "ca" in tags)
-               else "")
-            + (", results dropped per call" if "hc" in tags else "")
-            + (", memory made ahead without huge pages" if "nhp" in tags else "")
-            + (", rows copied while the model ran" if "ec" in tags else "")
-            + (", early copy off" if "nec" in tags else ""))
-
-
-def _label(mode: str) -> str:
-    if mode.startswith("b:"):
-        return _b_version(mode, "generator via shim") + _tp_suffix(mode)
-    base = _mode_parts(mode)[0]
-    return LABELS.get(base, base) + _tp_suffix(mode)
-
-
-def _short_label(mode: str) -> str:
-    if mode.startswith("b:"):
-        return _b_version(mode, "via shim") + _tp_suffix(mode)
-    base = _mode_parts(mode)[0]
-    return {"a": "(a) vLLM LLM.generate", "c": "(c) native extraction + files"}.get(
-        base, base) + _tp_suffix(mode)
-
-
-def _stats(xs: list[float]) -> dict | None:
-    xs = sorted(x for x in xs if x is not None)
-    if not xs:
-        return None
-    n = len(xs)
-    med = xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-    return {"median": med, "min": xs[0], "max": xs[-1], "n": n}
-
-
-def aggregate(docs: list[dict]) -> dict:
-    """Per (mode, batch): tokens/s over rounds; ratios to (a) (medians, and paired by
-    round within one file); driver RSS; correctness from every file."""
-    tps: dict[tuple[str, int], list[float]] = {}
-    by_round: dict[tuple[int, int, str, int], float] = {}
-    rss: dict[str, dict[str, list[float]]] = {}
-    extra: dict[tuple[str, int], dict[str, list[float]]] = {}
-    failures = []
-    for fi, d in enumerate(docs):
-        for r in d.get("runs", []):
-            mode = _run_mode(r)
-            if not r.get("ok") and not r.get("passes"):
-                failures.append({"mode": mode, "round": r.get("round"),
-                                 "error": r.get("error"), "file": fi})
-                continue
-            if not r.get("ok"):
-                failures.append({"mode": mode, "round": r.get("round"),
-                                 "error": r.get("error"), "file": fi, "partial": True})
-            m = rss.setdefault(mode, {})
-            hwm = (r.get("rss_end_kib") or {}).get("vmhwm_kib")
-            m.setdefault("peak_gib", []).append(hwm / 2**20 if hwm else None)
-            for ps in r.get("passes", []):
-                key = (mode, ps["batch"])
-                tps.setdefault(key, []).append(ps["tokens_per_s"])
-                by_round[(fi, r.get("round", 0), mode, ps["batch"])] = ps["tokens_per_s"]
-                e = extra.setdefault(key, {})
-                for k in ("consume_s", "load_s", "generate_s", "seconds"):
-                    if ps.get(k) is not None:
-                        e.setdefault(k, []).append(ps[k])
-                driver = ps.get("driver") or {}
-                if driver.get("after_fetch_s") is not None:
-                    e.setdefault("after_fetch_s", []).append(driver["after_fetch_s"])
-                    e.setdefault("copy_threads", []).append(driver.get("copy_threads") or 0)
-                if ps.get("held_results_unchanged") is not None:
-                    e.setdefault("held_ok", []).append(1.0 if ps["held_results_unchanged"]
-                                                       else 0.0)
-                calls = ps.get("rss_after_call_kib") or []
-                if calls and r.get("rss_after_warmup_kib"):
-                    e.setdefault("rss_growth_mib", []).append(
-                        (ps["rss_released_kib"] - r["rss_after_warmup_kib"]) / 1024)
-    agg = {"tokens_per_s": {f"{m}@{b}": _stats(v) for (m, b), v in tps.items()},
-           "extra": {f"{m}@{b}": {k: _stats(v) for k, v in e.items()}
-                     for (m, b), e in extra.items()},
-           "rss": {m: {k: _stats(v) for k, v in e.items()} for m, e in rss.items()},
-           "failures": failures}
-    ratios = {}
-    for (m, b), v in tps.items():
-        ref = _ref_a(m)  # (a) at the same TP size
-        if m == ref:
-            continue
-        for ref_b in sorted({b, 32}):
-            a = _stats(tps.get((ref, ref_b), []))
-            s = _stats(v)
-            if a and s:
-                paired = [by_round[(fi, rd, m, b)] / by_round[(fi, rd, ref, ref_b)]
-                          for (fi, rd, mm, bb) in by_round
-                          if mm == m and bb == b and (fi, rd, ref, ref_b) in by_round]
-                ratios[f"{m}@{b}/a@{ref_b}"] = {"medians": s["median"] / a["median"],
-                                                "paired": _stats(paired)}
-        c_ref = _with_tp("c", _mode_parts(m)[2])
-        c = _stats(tps.get((c_ref, b), []))
-        if m.startswith("b:") and c:
-            paired = [by_round[(fi, rd, m, b)] / by_round[(fi, rd, c_ref, b)]
-                      for (fi, rd, mm, bb) in by_round
-                      if mm == m and bb == b and (fi, rd, c_ref, b) in by_round]
-            ratios[f"{m}@{b}/c@{b}"] = {"medians": _stats(v)["median"] / c["median"],
-                                        "paired": _stats(paired)}
-    agg["ratios"] = ratios
-    corr = [d.get("correctness") for d in docs if d.get("correctness")]
-    agg["correctness"] = corr
-    return agg
-
-
-def _fmt_stats(st: dict | None, digits: int = 0) -> str:
-    if not st:
-        return "n/a | | "
-    return (f"{st['median']:,.{digits}f} | {st['min']:,.{digits}f} – {st['max']:,.{digits}f} "
-            f"| {st['n']}")
-
-
-def _transport_table(docs: list[dict]) -> list[str]:
-    """What the driver's transport did in each (b) pass that reports it: calls whose
-    segments speculators' clone took over, calls copied into driver memory (and that
-    copy's time), memory made ahead during the forward (and the time a copy waited for
-    it), pages of the pool the driver unmapped once the pass's results were released
-    (blank: a shim that did not yet, or a run that read its counters before the release)."""
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for d in docs:
-        for r in d.get("runs", []):
-            for ps in r.get("passes", []):
-                drv = ps.get("driver") or {}
-                if "copied_ahead" not in drv:
-                    continue
-                groups.setdefault((_run_mode(r), ps["batch"]), []).append(drv)
-    rows = []
-    for (mode, batch), drvs in sorted(groups.items(), key=lambda kv: (_mode_order(kv[0][0]),
-                                                                     -kv[0][1])):
-        def med(key, drvs=drvs):
-            return _median([x.get(key, 0) for x in drvs])
-
-        huge = {x.get("fresh_hugepages") for x in drvs} - {None}
-        trimmed = [x["trimmed_bytes"] for x in drvs
-                   if x.get("read_after_release") and "trimmed_bytes" in x]
-        rows.append(f"| {_label(mode)} | {batch} | {len(drvs)} | {med('handed_over'):.0f} | "
-                    f"{med('copied_ahead'):.0f} | {med('copy_s'):.2f} | "
-                    f"{med('fresh_bytes') / 2**30:.2f} | {med('fresh_wait_s'):.2f} | "
-                    f"{'/'.join('yes' if h else 'no' for h in sorted(huge, reverse=True))} | "
-                    f"{_gib(_median(trimmed) if trimmed else None)} |")
-    if not rows:
-        return []
-    return ["", "Driver transport per (b) pass (medians over passes; calls handed over = "
-            "speculators' clone took the shared memory over; calls copied = copied by the "
-            "transport into driver memory, which clone then took over):", "",
-            "| path | batch | passes | calls handed over | calls copied | copy s | memory "
-            "made ahead, GiB | waited for it, s | huge pages | pool pages unmapped, GiB |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|", *rows]
-
-
-def _median(xs: list[float]) -> float:
-    st = _stats(xs)
-    return st["median"] if st else 0.0
-
-
-def _call_split_table(docs: list[dict]) -> list[str]:
-    """Where a (b) call's time goes, calls handed over apart from calls copied: the
-    transport's part in the driver (export RPCs and mapping, of which the copy) and after
-    the states arrived, and the rest (the model steps and speculators' loop), beside (a)'s
-    mean call in the same file and batch. Passes that recorded per-call driver counters."""
-    groups: dict[tuple[str, int, str], list[tuple]] = {}
-    for d in docs:
-        a_call = {}
-        for r in d.get("runs", []):
-            if _run_mode(r).split("|")[0] == "a":
-                for ps in r.get("passes", []):
-                    if ps.get("calls_s"):
-                        a_call[ps["batch"]] = sum(ps["calls_s"]) / len(ps["calls_s"])
-        for r in d.get("runs", []):
-            for ps in r.get("passes", []):
-                per = ps.get("driver_calls") or []
-                if len(per) != len(ps.get("calls_s") or []):
-                    continue
-                for kind, key in (("handed over", "handed_over"), ("copied", "copied_ahead")):
-                    sel = [(c, dc) for c, dc in zip(ps["calls_s"], per, strict=True)
-                           if dc.get(key)]
-                    if not sel:
-                        continue
-                    n = len(sel)
-                    call = sum(c for c, _ in sel) / n
-                    fetch = sum(dc.get("fetch_s", 0) for _, dc in sel) / n
-                    copy = sum(dc.get("copy_s", 0) for _, dc in sel) / n
-                    early = (sum(dc.get("early_bytes", 0) for _, dc in sel) / n / 2**20
-                             if any("early_bytes" in dc for _, dc in sel) else None)
-                    after = sum(dc.get("after_fetch_s", 0) for _, dc in sel) / n
-                    groups.setdefault((_run_mode(r), ps["batch"], kind), []).append(
-                        (n, call, call - fetch - after, fetch, copy, early, after,
-                         a_call.get(ps["batch"])))
-    rows = []
-    for (mode, batch, kind), vals in sorted(
-            groups.items(), key=lambda kv: (_mode_order(kv[0][0]), -kv[0][1],
-                                            kv[0][2] != "handed over")):
-        def med(i, digits=3, vals=vals):
-            xs = [v[i] for v in vals if v[i] is not None]
-            return f"{_median(xs):.{digits}f}" if xs else ""
-
-        rows.append(f"| {_label(mode)} | {batch} | {kind} | {len(vals)} | "
-                    f"{sum(v[0] for v in vals)} | {med(1)} | {med(2)} | {med(3)} | {med(4)} | "
-                    f"{med(5, 0)} | {med(6)} | {med(7)} |")
-    if not rows:
-        return []
-    return ["", "Where a (b) call's time goes (per pass: means per call; then medians over "
-            "passes; steps = the call minus the transport's part in the driver; (a): vLLM's "
-            "own mean call, same file and batch):",
-            "", "| path | batch | calls | passes | n | call s | steps s | states to the driver s "
-            "| of which copy s | MiB copied during the steps | after they arrived s "
-            "| (a) call s |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *rows]
-
-
-def _gib(nbytes) -> str:
-    return "" if nbytes is None else f"{nbytes / 2**30:.2f}"
-
-
-def _target_ratio(r: dict, unit: str = "") -> tuple[float, str]:
-    """A target's value: the median of the ratios measured in the same run (file and
-    round), where any run measured both paths; else the ratio of the medians over all
-    files (other machines, other times: said so).
-
-    Why: files from several calls and machines are merged; (c)'s and (a)'s speed differs
-    between machines by more than the gaps the targets decide (the target is "(b) ≥ (c)
-    in the same run")."""
-    paired = r.get("paired")
-    if paired and paired.get("n"):
-        spread = (f" (same run: {paired['min']:.3f}–{paired['max']:.3f}, n {paired['n']})"
-                  if paired["n"] > 1 else " (same run)")
-        return paired["median"], f"{paired['median']:.3f}{unit}{spread}"
-    return r["medians"], f"{r['medians']:.3f}{unit} (medians of different runs)"
-
-
-def render_markdown(docs: list[dict], files: list[str] | None = None) -> str:
-    """The generated block; ``files`` (the rendered files' paths) are named in it, so that
-    the block can be rendered again from them (the unit tests check that it is current)."""
-    agg = aggregate(docs)
-    d0 = docs[0]
-    p = d0.get("params", {})
-    b = d0.get("build", {})
-    cfg = b.get("config") or p.get("model_config", {})
-    ran = [r for d in docs for r in d.get("runs", []) if r.get("versions")]
-    vers = {**(b.get("versions") or {}), **(ran[0]["versions"] if ran else {})}
-    dev = (b.get("device") or {})
-    shims = sorted({f"{s.get('commit')} (src {s.get('src_sha256_12')})"
-                    for s in ((d.get("shim") or {}) for d in docs)})
-    lines = []
-    if p.get("tiny") or dev.get("device") != "cuda":
-        lines += ["> **Not a reference measurement:** a CPU test run of the script (tiny model); "
-                  "do not draw conclusions from these numbers.", ""]
-    modes = sorted({_run_mode(r) for d in docs for r in d.get("runs", [])}, key=_mode_order)
-    lines += [
-        f"Run {d0.get('started')} ({len(docs)} file(s)): {dev.get('gpu') or dev.get('device')}"
-        f"; vLLM {vers.get('vllm')}, torch {vers.get('torch')}, transformers "
-        f"{vers.get('transformers')}; shim {', '.join(shims)}.",
-        f"Checkpoint: random Llama, hidden {cfg.get('hidden_size')}, intermediate "
-        f"{cfg.get('intermediate_size')}, {cfg.get('num_hidden_layers')} layers, "
-        f"{cfg.get('num_attention_heads')} heads / {cfg.get('num_key_value_heads')} KV heads, "
-        f"vocab {cfg.get('vocab_size')}, {cfg.get('dtype', 'bfloat16')} "
-        f"({(b.get('safetensors_bytes') or 0) / 1e9:.1f} GB); {p.get('num_seqs')} sequences of "
-        f"{p.get('min_len')}–{p.get('max_len')} random token ids ({p.get('tokens'):,} tokens, "
-        f"sha {p.get('tokens_sha')}); layers {p.get('layers')}; max_model_len "
-        f"{p.get('max_model_len')}; {p.get('rounds')} round(s); (c) chunked prefill "
-        f"{'on' if p.get('c_chunked_prefill') else 'off'}.",
-        *([f"Files: {', '.join(f'`{f}`' for f in files)}."] if files else []),
-        "",
-        "| path | TP | batch | tokens/s median | min – max | n | vs (a), same TP and batch | "
-        "vs (a) batch 32 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    sizes = sorted({int(k.split("@")[1]) for k in agg["tokens_per_s"]}, reverse=True)
-    for m in modes:
-        for bsz in sizes:
-            st = agg["tokens_per_s"].get(f"{m}@{bsz}")
-            if not st:
-                continue
-            same = agg["ratios"].get(f"{m}@{bsz}/a@{bsz}")
-            ref32 = agg["ratios"].get(f"{m}@{bsz}/a@32")
-            is_a = m == _ref_a(m)
-            same_s = "1.00" if is_a else (f"{same['medians']:.2f}" if same else "n/a")
-            ref_s = "" if is_a and bsz == 32 else (
-                f"{ref32['medians']:.2f}" if ref32 else "n/a")
-            lines.append(f"| {_label(m).removesuffix(_tp_suffix(m))} | {_mode_parts(m)[2]} | "
-                         f"{bsz} | {_fmt_stats(st)} | {same_s} | {ref_s} |")
-    lines += ["", "| path | batch | timed s | (c) generate s | (c) load files s | (b) after "
-              "the states arrived s (driver threads) | consume (checksum) s | held results "
-              "unchanged | driver RSS growth, MiB |",
-              "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
-    for m in modes:
-        for bsz in sizes:
-            e = agg["extra"].get(f"{m}@{bsz}")
-            if not e:
-                continue
-
-            def med(k, digits=2, e=e):
-                return f"{e[k]['median']:.{digits}f}" if e.get(k) else ""
-
-            held = e.get("held_ok")
-            after = med("after_fetch_s")
-            if after and e.get("copy_threads"):
-                after += f" ({e['copy_threads']['median']:.0f})"
-            lines.append(f"| {_label(m)} | {bsz} | {med('seconds')} | {med('generate_s')} | "
-                         f"{med('load_s')} | {after} | {med('consume_s')} | "
-                         f"{'' if not held else ('yes' if held['min'] == 1.0 else 'NO')} | "
-                         f"{med('rss_growth_mib', 0)} |")
-    lines += _transport_table(docs)
-    lines += _call_split_table(docs)
-    lines += ["", "| path | driver peak RSS, GiB (median, min – max, n) |", "|---|---|"]
-    for m in modes:
-        st = (agg["rss"].get(m) or {}).get("peak_gib")
-        lines.append(f"| {_label(m)} | {_fmt_stats(st, 2)} |")
-    lines += ["", "Correctness, (b) vs (c) on the same tokens (first "
-              f"{p.get('check_seqs')} sequences; speculators layer k = native aux layer "
-              "k + 1): minimum per-token cosine per layer", ""]
-    if not agg["correctness"]:
-        lines.append("(no comparison in these files)")
-    for fi, c in enumerate(agg["correctness"]):
-        where = f"file {fi + 1}: " if len(agg["correctness"]) > 1 else ""
-        if not c.get("pairs"):
-            lines.append(f"- {where}no pairs compared: {c.get('error') or c.get('files')}")
-        files = c.get("files") if isinstance(c.get("files"), dict) else {}
-        earlier = sorted(n for n, f in files.items()
-                         if isinstance(f, dict) and f.get("from_earlier_call"))
-        if earlier:
-            lines.append(f"- {where}check files from an earlier call: {', '.join(earlier)}")
-        lines += _correctness_lines(where, c.get("pairs", {}))
-    lines += ["", "| target | value | met |", "|---|---:|---|"]
-    for m in modes:
-        if not m.startswith("b:"):
-            continue
-        # Targets (docs/performance.md): 0.9 at batch 32 and 0.85 at batch 8; at TP 2, 0.85.
-        goals = ((32, 0.9), (8, 0.85)) if _mode_parts(m)[2] == 1 else ((32, 0.85), (8, 0.85))
-        for bsz, goal in goals:
-            r = agg["ratios"].get(f"{m}@{bsz}/a@{bsz}")
-            if r:
-                value, text = _target_ratio(r)
-                lines.append(f"| {_label(m)}, batch {bsz}: (b)/(a) ≥ {goal} | "
-                             f"{text} | {'✅' if value >= goal else '❌'} |")
-        for bsz in sizes:
-            r = agg["ratios"].get(f"{m}@{bsz}/c@{bsz}")
-            if r:
-                value, text = _target_ratio(r, " × (c)")
-                lines.append(f"| {_label(m)}, batch {bsz}: (b) ≥ (c) | {text} | "
-                             f"{'✅' if value >= 1.0 else '❌'} |")
-    workers = sorted({f"{_with_tp(r['mode'], r.get('tp') or 1)}: "
-                      f"{w['runner'].removeprefix('vllm.')}"
-                      for d in docs for r in d.get("runs", [])
-                      for w in (r.get("workers") if isinstance(r.get("workers"), list) else [])
-                      if isinstance(w, dict) and "runner" in w})
-    if workers:
-        lines += ["", "Model runner per path (as the workers reported): " + "; ".join(workers)
-                  + "."]
-    if agg["failures"]:
-        lines += ["", "Failed or cut-short children:", ""]
-        for f in agg["failures"]:
-            lines.append(f"- {f['mode']} round {f['round']}"
-                         f"{' (partial data kept)' if f.get('partial') else ''}: "
-                         f"{str(f['error'])[:300]}")
-    return "\n".join(lines)
-
-
-def _correctness_lines(where: str, pairs: dict) -> list[str]:
-    """One line for a file's pairs that all passed (their worst layer), one line per pair
-    with every layer's value for a pair that failed or could not be compared."""
-    good = {n: v for n, v in pairs.items() if v.get("ok") and v.get("per_layer")}
-    lines = []
-    if good:
-        worst = min(x["min_cosine"] for v in good.values() for x in v["per_layer"].values())
-        layers = sorted({str(k) for v in good.values() for k in v["per_layer"]},
-                        key=lambda k: (len(k), k))
-        thresholds = sorted({v.get("threshold") for v in good.values()}, key=str)
-        lines.append(f"- {where}{', '.join(good)}: minimum {worst:.5f} over layers "
-                     f"{', '.join(layers)} — ✅ (≥ "
-                     f"{', '.join(map(str, thresholds))})")
-    for name, v in pairs.items():
-        if name in good:
-            continue
-        if "per_layer" not in v:
-            lines.append(f"- {where}{name}: {v.get('error')}")
-            continue
-        per = ", ".join(f"layer {k}: {x['min_cosine']:.5f}" if x["min_cosine"] is not None
-                        else f"layer {k}: shape mismatch" for k, x in v["per_layer"].items())
-        lines.append(f"- {where}{name}: {per} — {'✅' if v.get('ok') else '❌'} "
-                     f"(≥ {v.get('threshold')})")
-    return lines
-
-
-def render_svg(docs: list[dict]) -> str:
-    from perfreport import _panel
-
-    agg = aggregate(docs)
-    modes = sorted({_run_mode(r) for d in docs for r in d.get("runs", [])}, key=_mode_order)
-    sizes = sorted({int(k.split("@")[1]) for k in agg["tokens_per_s"]}, reverse=True)
-    colours = {"a": "#4c72b0", "c": "#55a868"}
-    items = []
-    for bsz in sizes:
-        for m in modes:
-            st = agg["tokens_per_s"].get(f"{m}@{bsz}")
-            if st:
-                items.append((f"{_short_label(m)}, batch {bsz}", st["median"], st["min"],
-                              st["max"], colours.get(_mode_parts(m)[0], "#dd8452")))
-    # The reference line: (a) at batch 32 (else the largest batch), at the smallest TP size.
-    a_keys = sorted({m for m in modes if _mode_parts(m)[0] == "a"}, key=_mode_order)
-    ref_key, a32 = "a", None
-    for key in a_keys:
-        a32 = agg["tokens_per_s"].get(f"{key}@32") or agg["tokens_per_s"].get(
-            f"{key}@{sizes[0]}" if sizes else "")
-        if a32:
-            ref_key = key
-            break
-    width = 960.0
-    parts, h = _panel(10, 10, width - 20, "Prefill with hidden states to the driver "
-                      "(median, min–max whiskers)", items, "tokens/s",
-                      ref=(0.9 * a32["median"], f"0.9 × (a){_tp_suffix(ref_key)}")
-                      if a32 else None, digits=0)
-    y = h + 20
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{y:.0f}" '
-            f'viewBox="0 0 {width:.0f} {y:.0f}" font-family="DejaVu Sans, Arial, sans-serif">'
-            f'<rect width="100%" height="100%" fill="white"/>' + "".join(parts) + "</svg>\n")
-
-
-def _depth(doc: dict) -> int | None:
-    """The measured model's decoder layer count (``--model-layers``), from the build's
-    config or the run's parameters; ``None`` where a file records neither."""
-    cfg = (doc.get("build") or {}).get("config") or \
-        (doc.get("params") or {}).get("model_config") or {}
-    return cfg.get("num_hidden_layers")
-
-
-def _repo_path(f: str) -> str:
-    """``f`` relative to the repository where it lies inside it, else its name."""
-    path = Path(f).resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
-
-
-def render_main(a) -> int:
-    docs = [json.loads(Path(f).read_text()) for f in a.files]
-    shas = {(d.get("params") or {}).get("tokens_sha") for d in docs}
-    if len(shas) > 1:
-        print(f"warning: the files used different tokens ({shas}); merging anyway",
-              file=sys.stderr)
-    depths = {_depth(d) for d in docs}
-    if len(depths) > 1:
-        # Rows are keyed by path, TP and batch, not by model: a shallower model's numbers
-        # (--model-layers) would be averaged into the full model's.
-        raise SystemExit(f"the files measured models of different depths ({sorted(depths)} "
-                         f"layers); render them separately")
-    here = src_digest()
-    for f, d in zip(a.files, docs):
-        theirs = (d.get("shim") or {}).get("src_sha256_12")
-        if theirs and theirs != here:
-            print(f"note: {f} ran shim sources {theirs}; this checkout's are {here}",
-                  file=sys.stderr)
-    md = render_markdown(docs, [_repo_path(f) for f in a.files])
-    if a.plot:
-        Path(a.plot).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.plot).write_text(render_svg(docs))
-    if a.update_docs:
-        path = Path(a.docs)
-        text = path.read_text()
-        if GPU_BEGIN not in text or GPU_END not in text:
-            raise SystemExit(f"{path} has no generated GPU results markers")
-        head, rest = text.split(GPU_BEGIN, 1)
-        _, tail = rest.split(GPU_END, 1)
-        rel = os.path.relpath(a.plot, path.parent) if a.plot else None
-        body = md + (f"\n\n![GPU benchmark plot]({rel})" if rel else "")
-        path.write_text(f"{head}{GPU_BEGIN}\n{body}\n{GPU_END}{tail}")
-    print(md)
-    return 0
-
-
-# ----------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         child_main(argv[1])
         return 0
     if argv[:1] == ["render"]:
-        p = argparse.ArgumentParser(prog="gpu_bench.py render")
-        p.add_argument("files", nargs="+", help="gpu_bench.json files (merged)")
-        p.add_argument("--plot", default=str(ROOT / "docs" / "perf-gpu.svg"))
-        p.add_argument("--update-docs", action="store_true",
-                       help="write the generated GPU block of --docs")
-        p.add_argument("--docs", default=str(ROOT / "docs" / "performance.md"))
-        return render_main(p.parse_args(argv[1:]))
+        from gpu_bench_render import main as render
+
+        return render(argv[1:])
     a = run_parser().parse_args(argv)
     a.spec = [(v, os.path.abspath(d)) for v, d in a.spec]
+    loops_arg(a.loops)
+    if a.rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
     if any(m.strip() in ("b",) or m.strip().startswith("b:") for m in a.modes.split(",")) \
             and not a.spec:
         raise SystemExit("mode b needs at least one --spec VERSION=DIR")
@@ -1747,11 +1221,21 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", action="append", default=[],
                    type=lambda s: tuple(s.split("=", 1)), help="VERSION=DIR (repeatable)")
     p.add_argument("--site", default=None, help="folder with vLLM and its dependencies")
-    p.add_argument("--modes", default="a,b,c", help="a, b (every --spec), b:<version>, c")
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--hold", default="all", choices=["all", "call"],
-                   help="(b): hold every result of a pass (all), or drop each call's after "
-                        "its checksum, like speculators' offline script (call)")
+    p.add_argument("--modes", default="a,c,b",
+                   help="a, b (every --spec), b:<version>, c; children run in this order")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds: every path runs every batch size and loop once per round")
+    p.add_argument("--round-procs", default="shared", choices=["shared", "fresh"],
+                   help="one process per path running every round (shared), or one per "
+                        "path and round (fresh: an engine start per round)")
+    p.add_argument("--loops", default=",".join(loops.LOOPS),
+                   help="(b), (c): the loops to run, of offline (speculators' offline "
+                        "script: results bound, a 4-thread pool saving .pt files), held "
+                        "(every result held), dropped (each call's results deleted)")
+    p.add_argument("--save-dir", default=None,
+                   help="local disk for the offline loop's files (default WORK/save)")
+    p.add_argument("--check-threads", type=int, default=8,
+                   help="threads of the checksums that consume held and dropped results")
     p.add_argument("--no-memory-ahead", action="store_true",
                    help="(b): the driver makes no memory ahead for the calls it copies (they "
                         "go into ordinary memory): measures what making it beside the "
@@ -1785,11 +1269,11 @@ def run_parser() -> argparse.ArgumentParser:
                    help="leave chunked prefill on in (c) (vLLM's example turns it off)")
     p.add_argument("--c-layer-offset", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--c-storage", default=None, help="(c)'s shared_storage_path parent")
-    p.add_argument("--deadline", type=float, default=530, help="seconds for the whole run")
+    p.add_argument("--deadline", type=float, default=525, help="seconds for the whole run")
     p.add_argument("--timeout", type=float, default=420, help="seconds per child")
-    p.add_argument("--min-child", type=float, default=60,
-                   help="do not start a child with less time than this left")
-    p.add_argument("--reserve-compare", type=float, default=40,
+    p.add_argument("--min-child", type=float, default=75,
+                   help="seconds kept for every later child; no child starts with less")
+    p.add_argument("--reserve-compare", type=float, default=30,
                    help="seconds kept for the final comparison")
     p.add_argument("--python", default=sys.executable)
     return p

@@ -10,9 +10,21 @@
 #                            bash tools/gpu_bench.sh -- --modes c --json-name gpu_bench-c.json
 #      two GPUs, every engine tensor parallel 2 (gpu_bench.py refuses --tp above the GPU count):
 #                            bash tools/gpu_bench.sh -- --tp 2 --modes a,c,b --json-name gpu_bench-tp2.json
+#      speculators' own offline script through the shim, both releases, into
+#      $OUT/offline_script.json (benchmarks/offline_script_bench.py; carries .gpu-kit/spectests):
+#                            bash tools/gpu_bench.sh -- --offline-script
 source "$(dirname "$0")/gpu_preamble.sh"
 out=${OUT:-/tmp/gpu-bench-out}
 mkdir -p "$out"
+if [ "${GPU_ARGS[0]:-}" = "--offline-script" ]; then
+    python3 benchmarks/offline_script_bench.py --out "$out" --work /root/gpu-bench \
+        --site /root/site "${GPU_SPECS[@]}" "${GPU_ARGS[@]:1}"
+    rc=$?
+    tar -C /root/gpu-bench -cJf "$out/offline-script-logs.tar.xz" \
+        --exclude='*/out' --exclude='*/hf-datasets' --exclude='*/check-cache' offline-script 2>/dev/null || true
+    echo "offline script: $(( $(date +%s) - GPU_T0 )) s since install began, rc=$rc"
+    exit $rc
+fi
 # The checkpoint (16 GB) and the check files stay under /root/gpu-bench for later calls on
 # this machine.
 python3 benchmarks/gpu_bench.py --out "$out" --work /root/gpu-bench --site /root/site \

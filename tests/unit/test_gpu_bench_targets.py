@@ -1,7 +1,9 @@
-"""How benchmarks/gpu_bench.py decides its targets when files of several calls and
-machines are merged: from ratios measured in the same run, not from medians pooled over
-machines; files of different model depths are not merged; ``--model-layers`` builds its
-own shallower model. Toy result files; no vLLM, no GPU."""
+"""How benchmarks/gpu_bench_render.py decides the GPU benchmark's targets when files of
+several calls and machines are merged: from ratios measured in the same run and round, not
+from medians pooled over machines; per loop; the rounds of one run within 3%; (b)'s peak
+RSS against (c)'s; files of different model depths are not merged. And how
+benchmarks/gpu_bench.py plans a call (``--model-layers``, the passes of a child, the
+children). Toy result files; no vLLM, no GPU."""
 
 import argparse
 import importlib.util
@@ -11,10 +13,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("gpu_bench_under_test",
-                                               ROOT / "benchmarks" / "gpu_bench.py")
-gb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gb)
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test",
+                                                  ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gb = _load("gpu_bench")
+gr = _load("gpu_bench_render")
 
 B = "b:0.4.0.1"
 
@@ -31,20 +41,21 @@ def test_b_against_c_is_judged_within_each_run():
     # (b) beat (c) in both runs; a third machine's faster (c) alone would make the pooled
     # medians say otherwise (101.5 / 110 = 0.92).
     docs = [_file(a=100, c=90, b=92), _file(a=120, c=110, b=111), _file(c=130)]
-    ratio = gb.aggregate(docs)["ratios"][f"{B}@32/c@32"]
+    ratio = gr.aggregate(docs)["ratios"][((B, "held", 32), "c")]
     assert round(ratio["medians"], 3) == round(101.5 / 110, 3)
-    value, text = gb._target_ratio(ratio, " × (c)")
+    value, text = gr._target_ratio(ratio, " × (c)")
     assert abs(value - (92 / 90 + 111 / 110) / 2) < 1e-12 and value >= 1.0
     assert text == "1.016 × (c) (same run: 1.009–1.022, n 2)"
     # (b)/(a) the same way
-    value, text = gb._target_ratio(gb.aggregate(docs)["ratios"][f"{B}@32/a@32"])
+    value, text = gr._target_ratio(gr.aggregate(docs)["ratios"][((B, "held", 32), "a")])
     assert abs(value - (0.92 + 111 / 120) / 2) < 1e-12
     assert text.endswith("(same run: 0.920–0.925, n 2)")
 
 
 def test_without_a_common_run_the_value_says_so():
     docs = [_file(b=92), _file(c=110)]
-    value, text = gb._target_ratio(gb.aggregate(docs)["ratios"][f"{B}@32/c@32"], " × (c)")
+    value, text = gr._target_ratio(gr.aggregate(docs)["ratios"][((B, "held", 32), "c")],
+                                   " × (c)")
     assert round(value, 3) == round(92 / 110, 3)
     assert text.endswith("(medians of different runs)")
 
@@ -61,7 +72,7 @@ def test_render_refuses_to_merge_models_of_different_depths(tmp_path):
         files.append(str(tmp_path / f"{name}.json"))
     args = argparse.Namespace(files=files, plot=None, update_docs=False, docs=None)
     with pytest.raises(SystemExit, match=r"different depths \(\[16, 32\] layers\)"):
-        gb.render_main(args)
+        gr.render_main(args)
 
 
 def test_model_layers_builds_a_shallower_model_with_its_own_checkpoint():
@@ -80,3 +91,105 @@ def test_model_layers_builds_a_shallower_model_with_its_own_checkpoint():
         gb.run_config(parse(["--model-layers", "16", "--layers", "2,16"]))
     with pytest.raises(SystemExit, match="full-size model"):
         gb.run_config(parse(["--model-layers", "16", "--tiny"]))
+
+
+def _pass(loop, batch, rnd, tps, peak_kib=None, calls=None):
+    ps = {"loop": loop, "batch": batch, "round": rnd, "tokens_per_s": tps}
+    if peak_kib is not None:
+        ps.update(peak_reset=True, peak_rss={"vmhwm_kib": peak_kib})
+    if calls is not None:
+        ps.update(calls_s=[1.0] * len(calls), calls_tokens=calls)
+    return ps
+
+
+def _loops_file(b_r0=96.0, b_r1=97.0, b_peak=2**20, c_peak=2**20) -> dict:
+    """One call of the current layout: (a), (c) and (b), two rounds in shared processes,
+    the offline loop at batch 32."""
+    return {"params": {"rounds": 2, "round_procs": "shared"}, "runs": [
+        {"mode": "a", "rounds": [0, 1], "ok": True,
+         "passes": [_pass(None, 32, 0, 100.0, calls=[100, 100, 100]),
+                    _pass(None, 32, 1, 100.0, calls=[100, 101, 99])]},
+        {"mode": "c", "rounds": [0, 1], "ok": True,
+         "passes": [_pass("offline", 32, r, 95.0, c_peak) for r in (0, 1)]},
+        {"mode": B, "rounds": [0, 1], "ok": True, "skipped": [
+            {"round": 1, "batch": 8, "loop": "held", "why": "deadline: 3s left"}],
+         "passes": [_pass("offline", 32, 0, b_r0, b_peak, calls=[96, 97, 95]),
+                    _pass("offline", 32, 1, b_r1, b_peak)]}]}
+
+
+def _target_lines(doc) -> dict[str, str]:
+    """The target cells of (b)'s offline row at batch 32, by target."""
+    lines = gr.render_markdown([doc]).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("| (b) path |"))
+    head = lines[at]
+    row = next(line for line in lines[at:] if line.startswith(f"| (b) speculators {B[2:]}")
+               and "| offline script's loop | 32 |" in line)
+    names = ["(b)/(a) ≥ 0.95", "(b) ≥ (c)", "rounds agree within 3%",
+             "(b) driver peak RSS ≤ (c)'s"]
+    assert head.split("|")[4].strip() == names[0] and "rounds within 3%" in head
+    return dict(zip(names, [c.strip() for c in row.split("|")[4:8]]))
+
+
+def test_targets_per_loop_from_the_same_round():
+    agg = gr.aggregate([_loops_file()])
+    r = agg["ratios"][((B, "offline", 32), "a")]
+    assert r["by_round"] == {(0, 0): 0.96, (0, 1): 0.97}
+    assert r["noise"]["n"] == 1  # round 1 of (b) recorded no per-call tokens: no noise
+    lines = _target_lines(_loops_file())
+    assert "0.965 ± 0.0" in lines["(b)/(a) ≥ 0.95"] and "✅" in lines["(b)/(a) ≥ 0.95"]
+    assert "× (c)" in lines["(b) ≥ (c)"] and "✅" in lines["(b) ≥ (c)"]
+    assert "✅" in lines["(b) driver peak RSS ≤ (c)'s"]
+    assert "✅" in lines["rounds agree within 3%"]
+    md = gr.render_markdown([_loops_file()])
+    assert "every result held" not in md  # only the loop that ran
+
+
+def test_targets_fail_where_the_run_says_so():
+    lines = _target_lines(_loops_file(b_r0=92.0, b_r1=96.0, b_peak=2**20 + 1))
+    assert "0.940 ± " in lines["(b)/(a) ≥ 0.95"]  # the median of 0.92 and 0.96
+    assert "❌" in lines["(b)/(a) ≥ 0.95"]
+    assert "❌" in lines["rounds agree within 3%"]  # 92 vs 96: 4.3 %
+    assert "❌" in lines["(b) driver peak RSS ≤ (c)'s"]
+    lines = _target_lines(_loops_file(b_r0=94.0, b_r1=94.0))
+    assert "❌" in lines["(b)/(a) ≥ 0.95"] and "❌" in lines["(b) ≥ (c)"]
+
+
+def test_skipped_passes_and_legacy_hold_are_reported():
+    md = gr.render_markdown([_loops_file()])
+    assert "held, batch 8: not run (deadline: 3s left)" in md
+    legacy = {"runs": [{"mode": B, "hold": "call", "ok": True,
+                        "passes": [{"batch": 32, "tokens_per_s": 1.0}]},
+                       {"mode": "c", "hold": "call", "ok": True,
+                        "passes": [{"batch": 32, "tokens_per_s": 1.0}]}]}
+    rows = set(gr.aggregate([legacy])["tokens_per_s"])
+    # --hold call dropped (b)'s results; (c) held every result whatever --hold said
+    assert rows == {(B, "dropped", 32), ("c", "held", 32)}
+
+
+def test_a_child_runs_every_round_batch_and_loop_in_order():
+    p = {"mode": B, "batches": "32,8", "rounds": [0, 1], "loops": ["offline", "held"]}
+    assert gb.pass_plan(p) == [(0, 32, "offline"), (0, 32, "held"), (0, 8, "offline"),
+                               (0, 8, "held"), (1, 8, "offline"), (1, 8, "held"),
+                               (1, 32, "offline"), (1, 32, "held")]
+    assert gb.pass_plan({**p, "mode": "a"}) == [(0, 32, None), (0, 8, None), (1, 8, None),
+                                                (1, 32, None)]
+    modes = ["a", "c", B]
+    assert gb.child_jobs(modes, 2, "shared") == [(m, [0, 1]) for m in modes]
+    assert gb.child_jobs(modes, 2, "fresh") == [("a", [0]), ("c", [0]), (B, [0]),
+                                                ("c", [1]), (B, [1]), ("a", [1])]
+    with pytest.raises(SystemExit, match="--loops"):
+        gb.loops_arg("offline,kept")
+
+
+def test_the_offline_script_table_renders_beside_and_its_file_is_named():
+    script = {"kind": "offline_script", "machine": {"gpu": "NVIDIA H200"}, "runs": [
+        {"release": "0.4.0.1", "batch_size": 8, "wall_s": 95.0, "ok": True,
+         "versions": {"vllm": "0.34.0"},
+         "timing": {"loop_s": 6.0, "samples_per_s": 42.7, "tokens_per_s": 38000.0},
+         "check": {"ok": True, "files": 256, "tokens": 228000}}]}
+    md = gr.render_markdown([_loops_file(), script], ["docs/results/g.json",
+                                                      "docs/results/o.json"])
+    files = next(line for line in md.splitlines() if line.startswith("Files: "))
+    assert files == "Files: `docs/results/g.json`, `docs/results/o.json`."  # re-renderable
+    row = next(line for line in md.splitlines() if line.startswith("| 0.4.0.1 |"))
+    assert "| 256 | 228,000 | 8 | 6.00 | 42.7 | 38,000 |" in row and row.endswith("| yes |")

@@ -1,11 +1,13 @@
 """Contract of the ``block_hasher_unused`` adapter, on the installed vLLM and speculators.
 
-The probe agrees with the expectation table, apply/revert restores identity and changes
-only the declared targets; the installed generator passes the hasher it builds to every
+The installed generator passes the hasher it builds to every
 ``Request`` (0.4.x); the condition reads vLLM's own config classes (prefix caching off and
 no KV connector: no hasher; either on: the hasher stays); and the installed scheduler runs
 speculators 0.4's step loop on requests made without a hasher (what the generator does
 once the adapter applied), every prompt token scheduled once.
+
+The checks every adapter shares (probe vs. expectation table, apply/revert identity,
+declared targets only) are in tests/contract/test_every_adapter.py.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ import inspect
 from ..support import (
     BY_NAME,
     build_vllm_config,
-    check_apply_then_revert,
-    check_probe_agrees_with_release,
     drive_like_speculators_04,
     kv_config_for,
     make_request,
@@ -26,14 +26,6 @@ from ..support import (
 )
 
 NAME = "block_hasher_unused"
-
-
-def test_probe_agrees_with_release(base):
-    check_probe_agrees_with_release(base, NAME)
-
-
-def test_apply_then_revert_restores_identity(base):
-    check_apply_then_revert(base, NAME)
 
 
 def test_generator_passes_its_hasher_to_every_request(base):

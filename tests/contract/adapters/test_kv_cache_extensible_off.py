@@ -1,31 +1,23 @@
 """Contract of the ``kv_cache_extensible_off`` adapter,
 on the installed vLLM and speculators.
 
-The probe agrees with the expectation table, apply/revert restores identity and
-changes only the declared targets, and speculators' call shape gets a CacheConfig whose
+Speculators' call shape gets a CacheConfig whose
 extensible KV cache is off through the adapter (and stays on by default for vLLM's own
 engines, which build their own CacheConfig).
+
+The checks every adapter shares (probe vs. expectation table, apply/revert identity,
+declared targets only) are in tests/contract/test_every_adapter.py.
 """
 
 from __future__ import annotations
 
 from ..support import (
     BY_NAME,
-    check_apply_then_revert,
-    check_probe_agrees_with_release,
     one,
 )
 
 NAME = "kv_cache_extensible_off"
 FIELD = "enable_extensible_kv_cache"
-
-
-def test_probe_agrees_with_release(base):
-    check_probe_agrees_with_release(base, NAME)
-
-
-def test_apply_then_revert_restores_identity(base):
-    check_apply_then_revert(base, NAME)
 
 
 def test_legacy_call_shape(base):

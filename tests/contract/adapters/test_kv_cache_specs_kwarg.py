@@ -1,9 +1,10 @@
 """Contract of the ``kv_cache_specs_kwarg`` adapter,
 on the installed vLLM and speculators.
 
-The probe agrees with the expectation table, apply/revert restores identity and
-changes only the declared targets, and speculators' legacy call shape fails (or is
-wrong) bare where the upstream note says so and works through the adapter.
+Speculators' legacy call shape fails (or is wrong) bare where the upstream note says
+so and works through the adapter. The checks every adapter shares (the probe agrees with
+the expectation table, apply/revert restores identity and changes only the declared
+targets) run for every adapter in tests/contract/test_every_adapter.py.
 """
 
 from __future__ import annotations
@@ -15,21 +16,11 @@ import pytest
 from ..support import (
     BY_NAME,
     V,
-    check_apply_then_revert,
-    check_probe_agrees_with_release,
     one,
     require_platform,
 )
 
 NAME = "kv_cache_specs_kwarg"
-
-
-def test_probe_agrees_with_release(base):
-    check_probe_agrees_with_release(base, NAME)
-
-
-def test_apply_then_revert_restores_identity(base):
-    check_apply_then_revert(base, NAME)
 
 
 def test_legacy_call_shape(base, vllm_config):

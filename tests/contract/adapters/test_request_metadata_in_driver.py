@@ -1,10 +1,12 @@
 """Contract of the ``request_metadata_in_driver`` adapter,
 on the installed vLLM and speculators.
 
-The probe agrees with the expectation table, apply/revert restores identity and
-changes only the declared targets; speculators 0.4's per-step call is answered in the
+Speculators 0.4's per-step call is answered in the
 driver (what the workers answer: ``None`` from each) and every other call still goes to
 the workers.
+
+The checks every adapter shares (probe vs. expectation table, apply/revert identity,
+declared targets only) are in tests/contract/test_every_adapter.py.
 """
 
 from __future__ import annotations
@@ -14,20 +16,10 @@ import inspect
 from ..support import (
     BY_NAME,
     _check_executor_shim,
-    check_apply_then_revert,
-    check_probe_agrees_with_release,
     one,
 )
 
 NAME = "request_metadata_in_driver"
-
-
-def test_probe_agrees_with_release(base):
-    check_probe_agrees_with_release(base, NAME)
-
-
-def test_apply_then_revert_restores_identity(base):
-    check_apply_then_revert(base, NAME)
 
 
 def test_legacy_call_shape(base, monkeypatch):

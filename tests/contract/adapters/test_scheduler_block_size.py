@@ -1,9 +1,10 @@
 """Contract of the ``scheduler_block_size`` adapter,
 on the installed vLLM and speculators.
 
-The probe agrees with the expectation table, apply/revert restores identity and
-changes only the declared targets, and speculators' legacy call shape fails (or is
-wrong) bare where the upstream note says so and works through the adapter.
+Speculators' legacy call shape fails (or is wrong) bare where the upstream note says
+so and works through the adapter. The checks every adapter shares (the probe agrees with
+the expectation table, apply/revert restores identity and changes only the declared
+targets) run for every adapter in tests/contract/test_every_adapter.py.
 """
 
 from __future__ import annotations
@@ -17,22 +18,12 @@ from ..support import (
     BY_NAME,
     KV_UTILS,
     V,
-    check_apply_then_revert,
-    check_probe_agrees_with_release,
     kv_config_for,
     one,
     resolved_config,
 )
 
 NAME = "scheduler_block_size"
-
-
-def test_probe_agrees_with_release(base):
-    check_probe_agrees_with_release(base, NAME)
-
-
-def test_apply_then_revert_restores_identity(base):
-    check_apply_then_revert(base, NAME)
 
 
 def test_legacy_call_shape(base, vllm_config):

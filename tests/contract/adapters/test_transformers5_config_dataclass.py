@@ -1,11 +1,13 @@
 """Contract of the ``transformers5_config_dataclass`` adapter, on the installed
 transformers and speculators.
 
-The probe agrees with the expectation table; apply/revert restores the identity of
-``PreTrainedConfig.__init_subclass__`` and changes only the declared target; speculators'
-own call shape (a ``SpeculatorModelConfig`` subclass without an ``__init__``, built with
-keywords) raises the issue's ``AttributeError`` bare on transformers 5 and works through
-the adapter; transformers' own subclasses still get transformers' dataclass treatment.
+Speculators' own call shape (a ``SpeculatorModelConfig`` subclass without an ``__init__``,
+built with keywords) raises the issue's ``AttributeError`` bare on transformers 5 and works
+through the adapter; transformers' own subclasses still get transformers' dataclass
+treatment.
+
+The checks every adapter shares (probe vs. expectation table, apply/revert identity,
+declared targets only) are in tests/contract/test_every_adapter.py.
 """
 
 from __future__ import annotations
@@ -15,20 +17,10 @@ import pytest
 from ..support import (
     BY_NAME,
     activated,
-    check_apply_then_revert,
-    check_probe_agrees_with_release,
     one,
 )
 
 NAME = "transformers5_config_dataclass"
-
-
-def test_probe_agrees_with_release(base):
-    check_probe_agrees_with_release(base, NAME)
-
-
-def test_apply_then_revert_restores_identity(base):
-    check_apply_then_revert(base, NAME)
 
 
 def define_and_build():

@@ -1,12 +1,13 @@
 """Contract of the ``transformers5_config_pad_token`` adapter, on the installed
 transformers and speculators.
 
-The probe agrees with the expectation table; apply/revert restores the identity of
-``EagleSpeculator.__init__`` and changes only the declared target; speculators' call
-shape (an EAGLE draft over a layer config class without ``pad_token_id``, as speculators'
-own ``test_eagle_speculator_auto_architecture_error_handling`` builds it) raises
-``AttributeError`` bare on transformers 5 and reaches speculators' own error through the
-adapter, leaving the config object without the attribute.
+Speculators' call shape (an EAGLE draft over a layer config class without ``pad_token_id``,
+as speculators' own ``test_eagle_speculator_auto_architecture_error_handling`` builds it)
+raises ``AttributeError`` bare on transformers 5 and reaches speculators' own error through
+the adapter, leaving the config object without the attribute.
+
+The checks every adapter shares (probe vs. expectation table, apply/revert identity,
+declared targets only) are in tests/contract/test_every_adapter.py.
 """
 
 from __future__ import annotations
@@ -17,20 +18,10 @@ from ..support import (
     APPLIED,
     BY_NAME,
     activated,
-    check_apply_then_revert,
-    check_probe_agrees_with_release,
     expected_status,
 )
 
 NAME = "transformers5_config_pad_token"
-
-
-def test_probe_agrees_with_release(base):
-    check_probe_agrees_with_release(base, NAME)
-
-
-def test_apply_then_revert_restores_identity(base):
-    check_apply_then_revert(base, NAME)
 
 
 def eagle_config():

@@ -1,13 +1,14 @@
 """Contract of the ``transformers5_config_validate`` adapter, on the installed
 transformers and speculators.
 
-The probe agrees with the expectation table; apply/revert restores
-``SpeculatorModelConfig``'s own namespace (no ``validate`` of its own before or after)
-and changes only the declared target; speculators' call shape (``save_pretrained`` of one
+Speculators' call shape (``save_pretrained`` of one
 of its configs) raises the issue's ``TypeError`` bare on transformers 5 and writes a
 ``config.json`` that loads back equal through the adapter; pydantic's
 ``Model.validate(value)`` keeps working; transformers' validators still run (an invalid
 config is refused at save time, as transformers does for its own configs).
+
+The checks every adapter shares (probe vs. expectation table, apply/revert identity,
+declared targets only) are in tests/contract/test_every_adapter.py.
 """
 
 from __future__ import annotations
@@ -20,20 +21,10 @@ from ..support import (
     APPLIED,
     BY_NAME,
     activated,
-    check_apply_then_revert,
-    check_probe_agrees_with_release,
     expected_status,
 )
 
 NAME = "transformers5_config_validate"
-
-
-def test_probe_agrees_with_release(base):
-    check_probe_agrees_with_release(base, NAME)
-
-
-def test_apply_then_revert_restores_identity(base):
-    check_apply_then_revert(base, NAME)
 
 
 def eagle3_config():
