@@ -364,8 +364,7 @@ def _compat_env() -> dict:
 def _child_result_base(p: dict) -> dict:
     return {"mode": p["mode"], "rounds": p["rounds"], "round": p["rounds"][0],
             "tp": p.get("tp", 1), "loops": p.get("loops"),
-            "memory_ahead": p.get("memory_ahead", True), "huge_pages": p.get("huge_pages", True),
-            "early_copy": p.get("early_copy", True), "compat_env": _compat_env(),
+            "compat_env": _compat_env(),
             "versions": _versions(), "device": _device_info(), "pid": os.getpid(),
             "passes": [], "skipped": []}
 
@@ -570,36 +569,11 @@ class _Generator(_Extractor):
         return _try(lambda: self.gen.executor.collective_rpc(_transport_stats))
 
 
-def _measurement_switches(p: dict) -> None:
-    """``--no-memory-ahead``, ``--no-huge-pages``, ``--no-early-copy``: measurements of the
-    transport that has those parts (the transport's copies go into ordinary memory with
-    no pages made beside the steps; or memory made ahead in ordinary pages; or no row
-    copied before the states arrive). Refused, naming the flag, where the shim has no
-    such part."""
-    wanted = {"early_copy": "--no-early-copy", "memory_ahead": "--no-memory-ahead",
-              "huge_pages": "--no-huge-pages"}
-    off = [k for k in wanted if not p.get(k, True)]
-    if not off:
-        return
-    try:
-        from speculators_compat import _early, _fresh
-    except ImportError as exc:
-        raise RuntimeError(f"{', '.join(wanted[k] for k in off)}: this shim's transport has "
-                           f"no such part ({exc}); run without the flag") from None
-    if "early_copy" in off:
-        _early.ENABLED = False
-    if "memory_ahead" in off:
-        _fresh.FreshMemory.prepare = lambda self, nbytes: None
-    if "huge_pages" in off:
-        _fresh.HUGE_PAGES = False
-
-
 def child_b(p: dict) -> None:
     t = time.perf_counter()
     import speculators_compat
 
     report = speculators_compat.activate()
-    _measurement_switches(p)
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
     )
@@ -1065,8 +1039,7 @@ class Parent:
                 "c_chunked_prefill": a.c_chunked_prefill, "c_layer_offset": a.c_layer_offset,
                 "tp": a.tp, "hidden_size": (build.get("config") or {}).get("hidden_size"),
                 "loops": loops_arg(a.loops), "save_dir": a.save_dir,
-                "check_threads": a.check_threads, "memory_ahead": not a.no_memory_ahead,
-                "huge_pages": not a.no_huge_pages, "early_copy": not a.no_early_copy}
+                "check_threads": a.check_threads}
         checks = any(m.startswith(("b:", "c")) for m in modes)
         reserve = a.reserve_compare if checks else 0.0
         jobs = child_jobs(modes, a.rounds, a.round_procs)
@@ -1236,16 +1209,6 @@ def run_parser() -> argparse.ArgumentParser:
                    help="local disk for the offline loop's files (default WORK/save)")
     p.add_argument("--check-threads", type=int, default=8,
                    help="threads of the checksums that consume held and dropped results")
-    p.add_argument("--no-memory-ahead", action="store_true",
-                   help="(b): the driver makes no memory ahead for the calls it copies (they "
-                        "go into ordinary memory): measures what making it beside the "
-                        "forward costs the steps")
-    p.add_argument("--no-huge-pages", action="store_true",
-                   help="(b): the memory made ahead without MADV_HUGEPAGE (a measurement: "
-                        "whether huge-page faults beside the forward slow the steps)")
-    p.add_argument("--no-early-copy", action="store_true",
-                   help="(b): no row is copied into the driver before the states arrive (a "
-                        "measurement: what copying them while the model runs saves)")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor_parallel_size of every mode's engine (needs that many GPUs)")
     p.add_argument("--tiny", action="store_true", help="tiny Llama, few sequences (CPU test)")
