@@ -51,6 +51,9 @@ class Activation:
         #: ``refuse()`` changed in this activation, as the Patcher recorded them (the
         #: contract suite compares them with the adapter's declared targets).
         self.touched: dict[str, list[str]] = {}
+        #: Where this activation wrote its report (``SPECULATORS_COMPAT_REPORT_FILE``;
+        #: ``None`` in children and without the variable): rewritten as data is generated.
+        self.report_path: str | None = None
         self._logged = False
 
     @property
@@ -121,6 +124,7 @@ class Activation:
             if path:
                 try:
                     report.to_json(path)
+                    self.report_path = path
                 except OSError as exc:
                     logger.warning("speculators-compat: could not write the report to %s=%s: %s",
                                    _env.REPORT_FILE, path, exc)
@@ -230,6 +234,7 @@ class Activation:
             if self.report is not None:
                 self.report.active = False
             self.report = None
+            self.report_path = None
             self.touched = {}
 
 
