@@ -44,10 +44,13 @@ def _write_data_files(report: Report, path: str) -> None:
     <speculators_compat._draft_layers.LAYERS_FILE>` beside it: the layers the data holds,
     for a training process that reads that folder later."""
     report.data = _provenance.data_section()
-    report.to_json(path)
+    folder = os.path.dirname(os.path.abspath(path))
     records = _provenance.generators()
     if records:
-        _draft_layers.write_layers_file(os.path.dirname(os.path.abspath(path)), records,
+        os.makedirs(folder, exist_ok=True)
+    report.to_json(path)
+    if records:
+        _draft_layers.write_layers_file(folder, records,
                                         report.versions.get("speculators_compat"))
 
 

@@ -111,6 +111,19 @@ def test_generator_record_reaches_report_file_and_layers_file(toy_global, toy, t
     assert act.report_path is None
 
 
+def test_report_folder_made_later(toy_global, toy, tmp_path, monkeypatch):
+    """The data folder (where the report is to go) often exists only once the script
+    runs: the report and the layers file are written when the generator is built."""
+    out = tmp_path / "not-yet"
+    monkeypatch.setenv(_env.REPORT_FILE, str(out / "compat-report.json"))
+    toy_global(toy("a"))
+    speculators_compat.activate()
+    assert not out.exists()
+    _provenance.record_generator(_draft_layers.generator_record("/m", LAYERS, 32))
+    assert json.loads((out / "compat-report.json").read_text())["data"]
+    assert _draft_layers.for_dirs([out]).layers.layer_ids == tuple(LAYERS)
+
+
 def test_save_report_without_a_generator_writes_no_layers_file(toy_global, toy, tmp_path):
     toy_global(toy("a"))
     speculators_compat.activate()
