@@ -87,8 +87,9 @@ def test_premises_on_the_installed_releases(base):
 @pytest.fixture
 def savable(base):
     """speculators' configs save on transformers 5 only through their own adapter
-    (``transformers5_config_validate``); the shapes here are about the layers."""
-    with activated(BY_NAME["transformers5_config_validate"]):
+    (``transformers5_config_validate``), and its data config asks a GPU-less torch for
+    a device name only through ``no_gpu_kv_sizing``; the shapes here are about the layers."""
+    with activated(BY_NAME["transformers5_config_validate"], BY_NAME["no_gpu_kv_sizing"]):
         yield
 
 
