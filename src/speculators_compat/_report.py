@@ -53,7 +53,8 @@ _KIND_DESCRIPTIONS = {
     Kind.SAFEGUARD: "guards against a data-loss or crash hazard in speculators' own code, on "
                     "every vLLM where the hazard exists; it changes upstream's result only "
                     "where upstream would lose or misorder data (batches above max_num_seqs, "
-                    "chunked prompts, a failed call's leftovers, 0.4.x result order) or fail",
+                    "chunked prompts, a failed call's leftovers, 0.4.x result order), fail, "
+                    "or save a draft that vLLM serves on other layers than it learned from",
     Kind.SCOPE: "patches nothing: refuses what the shim cannot support",
     Kind.PERFORMANCE: "changes how captured data moves between processes, never what it is; "
                       "disable it to get upstream's path back",
