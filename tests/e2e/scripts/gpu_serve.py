@@ -410,6 +410,10 @@ def run_phases(a, work: Path, jobs: list[tuple[str, list[str], dict]], parallel:
 
     results, running = {}, []
     for job in jobs:
+        done = work / f"{job[0]}.json"
+        if a.reuse and done.exists():  # written only by a phase that succeeded
+            results[job[0]] = {**json.loads(done.read_text()), "rc": 0, "reused": True}
+            continue
         running.append(start(*job))
         if not parallel:
             _finish(running.pop(), work, a.phase_timeout, results)
@@ -475,6 +479,8 @@ def main(argv=None) -> int:
                         "(default: the size's)")
     p.add_argument("--until", choices=["target", "data", "train"], default=None,
                    help="stop after this step (the JSON holds what ran)")
+    p.add_argument("--reuse", action="store_true",
+                   help="with --workdir: keep the results of steps that succeeded there")
     # a phase (internal)
     p.add_argument("--phase", choices=sorted(PHASES))
     p.add_argument("--work")
@@ -538,96 +544,119 @@ def main(argv=None) -> int:
     phases.update(run_phases(a, work, [
         ("generate", ["--phase", "generate"], data_env),
         ("native", ["--phase", "native", "--layers", json.dumps(spec_layers)], {})], parallel))
-    if any(phases[k]["rc"] != 0 for k in ("generate", "native")):
-        result.update(ok=False, failed="generate/native")
+    if phases["generate"]["rc"] != 0:
+        result.update(ok=False, failed="generate")
         return done()
-    result["hidden_mapping"] = hidden_mapping(work, spec_layers, n)
+    # vLLM's native path is the reference row; without it the shim's drafts still run
+    native = phases["native"]["rc"] == 0
+    if native:
+        result["hidden_mapping"] = hidden_mapping(work, spec_layers, n)
     if a.until == "data":
-        result.update(ok=True, stopped_after="data")
+        result.update(ok=native, stopped_after="data")
         return done()
     matched = result["layers"]["matched_ids"]
     phases.update(run_phases(a, work, [
         ("train-shim", ["--phase", "train", "--data", "data-shim"], {}),
-        ("train-native", ["--phase", "train", "--data", "data-native",
-                          "--aux-ids", json.dumps(matched)], {})], parallel))
-    if any(phases[k]["rc"] != 0 for k in ("train-shim", "train-native")):
-        result.update(ok=False, failed="train")
+        *([("train-native", ["--phase", "train", "--data", "data-native",
+                             "--aux-ids", json.dumps(matched)], {})] if native else [])],
+        parallel))
+    if phases["train-shim"]["rc"] != 0:
+        result.update(ok=False, failed="train-shim")
         return done()
+    native = native and phases["train-native"]["rc"] == 0
     if a.until == "train":
-        result.update(ok=True, stopped_after="train")
+        result.update(ok=native, stopped_after="train")
         return done()
-    # The three drafts: the shim-trained checkpoint as saved (the adapter named its
-    # layers), the same without them (what speculators saves on its own), the native one.
-    shim_ckpt = Path(phases["train-shim"]["checkpoint"])
-    drafts = {"matched": work / "draft-matched", "default": work / "draft-default",
-              "native": Path(phases["train-native"]["checkpoint"])}
-    shutil.copytree(shim_ckpt, drafts["matched"], dirs_exist_ok=True)
-    shutil.copytree(shim_ckpt, drafts["default"], dirs_exist_ok=True)
-    cfg = json.loads((drafts["default"] / "config.json").read_text())
-    cfg[_draft_layers.FIELD] = None
-    (drafts["default"] / "config.json").write_text(json.dumps(cfg, indent=2))
+    drafts = make_drafts(work, phases, native)
     result["check_draft"] = {
         name: {k: v for k, v in _check_draft.check(
-            str(drafts[name]), str(work / ("data-native" if name == "native" else "data-shim")),
+            str(path), str(work / ("data-native" if name == "native" else "data-shim")),
             str(work / "target")).items() if k in ("status", "exit", "vllm_feeds", "expected")}
-        for name in drafts}
+        for name, path in drafts.items()}
     phases.update(run_phases(a, work, [
         (f"serve-{name}", ["--phase", "serve", "--draft", str(path)], {})
         for name, path in drafts.items()], parallel))
-    serving = {name: phases[f"serve-{name}"] for name in drafts}
-    failed = [name for name, r in serving.items() if r["rc"] != 0]
-    if failed:
-        result.update(ok=False, failed=f"serve {failed}")
+    serving = {name: phases[f"serve-{name}"] for name in drafts
+               if phases[f"serve-{name}"]["rc"] == 0}
+    if not {"matched", "default"} <= set(serving):
+        result.update(ok=False, failed=f"serve {sorted(set(drafts) - set(serving))}")
         return done()
+    evaluate(result, phases, serving, s, a)
+    return done()
+
+
+def make_drafts(work: Path, phases: dict, native: bool) -> dict[str, Path]:
+    """The drafts served: the shim-trained checkpoint as saved (the adapter named its
+    layers), the same without them (what speculators saves on its own), the native one."""
+    from speculators_compat._draft_layers import FIELD
+
+    shim_ckpt = Path(phases["train-shim"]["checkpoint"])
+    drafts = {"matched": work / "draft-matched", "default": work / "draft-default"}
+    for path in drafts.values():
+        shutil.copytree(shim_ckpt, path, dirs_exist_ok=True)
+    cfg = json.loads((drafts["default"] / "config.json").read_text())
+    cfg[FIELD] = None
+    (drafts["default"] / "config.json").write_text(json.dumps(cfg, indent=2))
+    if native:
+        drafts["native"] = Path(phases["train-native"]["checkpoint"])
+    return drafts
+
+
+def evaluate(result: dict, phases: dict, serving: dict, s: dict, a) -> None:
+    """Acceptance, the comparisons between drafts, learnability, and the run's checks."""
     result["serving_summary"] = {
         name: {"acceptance_per_pos": [round(x, 4) for x in r["acceptance_per_pos"]],
                "mean_acceptance_length": round(r["mean_acceptance_length"], 4),
                "aux_layers_in_use": r["aux_layers_in_use"],
                "rule_accuracy_vllm": round(r["rule_accuracy_vllm"], 4)}
         for name, r in serving.items()}
-    result["comparison"] = {
-        "matched_minus_default": paired(serving["matched"]["groups"], serving["default"]["groups"]),
-        "matched_minus_native": paired(serving["matched"]["groups"], serving["native"]["groups"])}
-    outs = {name: r["outputs"] for name, r in serving.items()}
-    agree = sum(a_ == b_ == c_ for a_, b_, c_ in zip(outs["matched"], outs["default"],
-                                                     outs["native"]))
+    groups = {name: r["groups"] for name, r in serving.items()}
+    cmp_ = {"matched_minus_default": paired(groups["matched"], groups["default"])}
+    if "native" in groups:
+        cmp_["matched_minus_native"] = paired(groups["matched"], groups["native"])
+    result["comparison"] = cmp_
+    outs = [r["outputs"] for r in serving.values()]
+    agree = sum(len({tuple(o) for o in same}) == 1 for same in zip(*outs))
     tgt = phases["target"]
+    matched = result["layers"]["matched_ids"]
     result["learnability"] = {
         "target_loss_first_last_tenth": [tgt["loss_first_tenth"], tgt["loss_last_tenth"]],
         "target_rule_accuracy_transformers": tgt["rule_accuracy_transformers"],
         "target_rule_accuracy_vllm": min(r["rule_accuracy_vllm"] for r in serving.values()),
-        "draft_val_top1_by_position": {k: phases[f"train-{k}"]["val_full_acc"]
-                                       for k in ("shim", "native")},
+        "draft_val_top1_by_position": {k: phases[f"train-{k}"].get("val_full_acc")
+                                       for k in ("shim", "native") if f"train-{k}" in phases},
         "matched_acceptance_pos1_vs_chance": [serving["matched"]["acceptance_per_pos"][0],
                                               1 / POOL],
-        "outputs_identical_across_drafts": f"{agree}/{len(outs['matched'])}"}
-    cmp_ = result["comparison"]
-    result["claims"] = {
-        "matched_ge_default": cmp_["matched_minus_default"]["mean"]
-        >= -2 * cmp_["matched_minus_default"]["se"],
-        "matched_within_noise_of_native": abs(cmp_["matched_minus_native"]["mean"])
-        <= max(2 * cmp_["matched_minus_native"]["se"], 0.02)}
-    hm = result["hidden_mapping"]["min_cosine_layer_k_vs_native_k_plus_1"]
+        "outputs_identical_across_drafts": f"{agree}/{len(outs[0])}"}
+    claims = {"matched_ge_default": cmp_["matched_minus_default"]["mean"]
+              >= -2 * cmp_["matched_minus_default"]["se"]}
+    if "matched_minus_native" in cmp_:
+        claims["matched_within_noise_of_native"] = abs(cmp_["matched_minus_native"]["mean"]) \
+            <= max(2 * cmp_["matched_minus_native"]["se"], 0.02)
+    result["claims"] = claims
+    min_rule = a.min_rule_accuracy if a.min_rule_accuracy is not None else s["min_rule_accuracy"]
+    min_acc = a.min_acceptance if a.min_acceptance is not None else s["min_acceptance"]
+    hm = (result.get("hidden_mapping") or {}).get("min_cosine_layer_k_vs_native_k_plus_1")
     checks = {
-        "generator_default_layers": phases["generate"]["layer_ids"] == spec_layers,
+        "generator_default_layers": phases["generate"]["layer_ids"]
+        == result["layers"]["speculators_default"],
         "adapter_applied": phases["generate"]["draft_aux_layers"] == "applied",
         "adapter_named_the_layers": phases["train-shim"]["saved_aux_layer_ids"] == matched,
-        "native_draft_names_its_ids": phases["train-native"]["saved_aux_layer_ids"] == matched,
-        "layer_k_equals_native_k_plus_1": min(hm) >= 0.99,
+        "native_ran": "native" in serving,
+        "native_draft_names_its_ids": phases.get("train-native", {}).get(
+            "saved_aux_layer_ids") == matched,
+        "layer_k_equals_native_k_plus_1": bool(hm) and min(hm) >= 0.99,
         "vllm_fed_default_ids": fed(serving["default"], result["layers"]["vllm_default_ids"]),
         "vllm_fed_matched_ids": fed(serving["matched"], matched),
         "check_draft": (result["check_draft"]["matched"]["status"] == "match"
                         and result["check_draft"]["default"]["status"] == "mismatch"),
-        "target_learned": result["learnability"]["target_rule_accuracy_vllm"]
-        >= (a.min_rule_accuracy if a.min_rule_accuracy is not None else s["min_rule_accuracy"]),
-        "matched_above_chance": serving["matched"]["acceptance_per_pos"][0]
-        >= (a.min_acceptance if a.min_acceptance is not None else s["min_acceptance"]),
+        "target_learned": result["learnability"]["target_rule_accuracy_vllm"] >= min_rule,
+        "matched_above_chance": serving["matched"]["acceptance_per_pos"][0] >= min_acc,
     }
     result["checks"] = checks
     result["ok"] = all(checks.values())
     if not result["ok"]:
         result["failed"] = [k for k, v in checks.items() if not v]
-    return done()
 
 
 def fed(serve: dict, ids: list[int]) -> bool:
