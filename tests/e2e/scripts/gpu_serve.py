@@ -60,7 +60,7 @@ SIZES = {
                 num_attention_heads=8, num_key_value_heads=4, head_dim=64,
                 target_steps=800, target_batch=64, target_len=128, target_lr=1e-3,
                 train_seqs=512, seq_len=128, prompts=64, prompt_groups=8, max_tokens=64,
-                epochs=10, total_seq_len=2048, draft_lr=1e-3, gpu_mem=0.2,
+                epochs=10, total_seq_len=2048, draft_lr=1e-3, gpu_mem=0.1,
                 max_model_len=512, prompt_min=8, prompt_max=32,
                 min_rule_accuracy=0.9, min_acceptance=0.3),
     "cpu": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=8,
