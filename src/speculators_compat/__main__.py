@@ -1,4 +1,5 @@
-"""Command line: ``speculators-compat doctor | run | demo`` (also ``python -m speculators_compat``).
+"""Command line: ``speculators-compat doctor | run | demo | check-draft`` (also
+``python -m speculators_compat``).
 
 * ``doctor [--json]``: versions, plugin registration, and each adapter's verdict and
   reason. It probes in its own short-lived process and reverts everything before it
@@ -10,6 +11,9 @@
 * ``demo``: build a tiny checkpoint, run speculators' own generator through the shim on
   the installed vLLM, compare every layer with transformers, print the report,
   PASS/FAIL and tokens/s.
+* ``check-draft DRAFT_DIR [--data DIR] [--target MODEL_DIR|N] [--json]``: which target
+  layers vLLM will feed a saved EAGLE-3 draft, and whether they are the ones its training
+  data holds (exit 1 when not, or when that cannot be confirmed).
 """
 
 from __future__ import annotations
@@ -183,6 +187,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 1
 
 
+def cmd_check_draft(args: argparse.Namespace) -> int:
+    from ._check_draft import check, lines
+
+    result = check(args.draft, args.data, args.target)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print("\n".join(lines(result)))
+    return int(result["exit"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="speculators-compat", description=__doc__.split(
         "\n")[0])
@@ -205,6 +220,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="run without the shim (shows what fails upstream)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_demo)
+    c = sub.add_parser("check-draft", help="which target layers vLLM feeds a saved EAGLE-3 draft, "
+                                           "and whether they match its training data")
+    c.add_argument("draft", help="the draft's folder (config.json)")
+    c.add_argument("--data", default=None, help="the folder of the data it was trained on")
+    c.add_argument("--target", default=None,
+                   help="the target model's folder, or its decoder layer count (default: "
+                        "the verifier named in the draft's config)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_check_draft)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -51,6 +51,9 @@ class Activation:
         #: ``refuse()`` changed in this activation, as the Patcher recorded them (the
         #: contract suite compares them with the adapter's declared targets).
         self.touched: dict[str, list[str]] = {}
+        #: Where this activation writes its report (``SPECULATORS_COMPAT_REPORT_FILE``;
+        #: ``None`` in children and without the variable): rewritten as data is generated.
+        self.report_path: str | None = None
         self._logged = False
 
     @property
@@ -119,7 +122,8 @@ class Activation:
                 write_report = process == "driver"
             path = os.environ.get(_env.REPORT_FILE) if write_report else None
             if path:
-                try:
+                self.report_path = path  # rewritten once a generator has run (its folder
+                try:                     # may only exist by then)
                     report.to_json(path)
                 except OSError as exc:
                     logger.warning("speculators-compat: could not write the report to %s=%s: %s",
@@ -230,6 +234,7 @@ class Activation:
             if self.report is not None:
                 self.report.active = False
             self.report = None
+            self.report_path = None
             self.touched = {}
 
 

@@ -13,3 +13,8 @@ class UnsupportedError(CompatError):
     ``activate()`` in the driver re-raises it (after undoing anything applied), strict
     or not; in worker processes it is only reported.
     """
+
+
+class DraftLayersWarning(UserWarning):
+    """An EAGLE-3 draft may be served with other target layers than it was trained on
+    (or which ones it was trained on cannot be told); the message says what to do."""

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 
-from . import _bootstrap, _env, _order
+from . import _bootstrap, _draft_layers, _env, _order, _provenance
 from ._activation import Activation
 from ._adapter import Adapter
 from ._errors import CompatError
@@ -37,6 +37,35 @@ def _bootstrap_hook(patcher: Patcher, process: str) -> None:
 #: This process's activation: ``speculators_compat.activate()`` in the user's process,
 #: the ``vllm.general_plugins`` entry point and the interpreter-start hook in children.
 ACTIVATION = Activation(_registry, on_activate=_bootstrap_hook)
+
+
+def _write_data_files(report: Report, path: str) -> None:
+    """The report at ``path`` and, once a generator ran here, :data:`LAYERS_FILE
+    <speculators_compat._draft_layers.LAYERS_FILE>` beside it: the layers the data holds,
+    for a training process that reads that folder later."""
+    report.data = _provenance.data_section()
+    folder = os.path.dirname(os.path.abspath(path))
+    records = _provenance.generators()
+    if records:
+        os.makedirs(folder, exist_ok=True)
+    report.to_json(path)
+    if records:
+        _draft_layers.write_layers_file(folder, records,
+                                        report.versions.get("speculators_compat"))
+
+
+def _generator_built() -> None:
+    """A generator of this process decided its layers: rewrite the report file (if this
+    activation wrote one) with them, and the layers file next to it."""
+    current = ACTIVATION.report
+    if current is None:
+        return
+    current.data = _provenance.data_section()
+    if ACTIVATION.report_path:
+        _write_data_files(current, ACTIVATION.report_path)
+
+
+_provenance.listen(_generator_built)
 
 
 def activate(*, only: Iterable[str] | None = None, strict: bool | None = None) -> Report:
@@ -80,14 +109,18 @@ def report() -> Report | None:
 def save_report(path) -> str:
     """Write the activation report as JSON to ``path`` (keep it next to generated data).
 
-    Raises :class:`CompatError` when the shim is not active, so provenance is never
-    silently missing.
+    Once speculators' generator ran in this process, the report has a ``data`` section
+    (the layers each generator captured) and ``speculators-compat-layers.json`` is written
+    beside it: a draft trained on the data in that folder then names those layers in its
+    config (the ``draft_aux_layers`` adapter). Raises :class:`CompatError` when the shim
+    is not active, so provenance is never silently missing.
     """
     current = ACTIVATION.report
     if current is None:
         raise CompatError("speculators-compat is not active: call speculators_compat.activate() "
                           "before generating data, then save_report(path).")
-    return current.to_json(path)
+    _write_data_files(current, path)
+    return current.to_json()
 
 
 def activate_worker() -> None:

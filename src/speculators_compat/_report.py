@@ -53,7 +53,8 @@ _KIND_DESCRIPTIONS = {
     Kind.SAFEGUARD: "guards against a data-loss or crash hazard in speculators' own code, on "
                     "every vLLM where the hazard exists; it changes upstream's result only "
                     "where upstream would lose or misorder data (batches above max_num_seqs, "
-                    "chunked prompts, a failed call's leftovers, 0.4.x result order) or fail",
+                    "chunked prompts, a failed call's leftovers, 0.4.x result order), fail, "
+                    "or save a draft that vLLM serves on other layers than it learned from",
     Kind.SCOPE: "patches nothing: refuses what the shim cannot support",
     Kind.PERFORMANCE: "changes how captured data moves between processes, never what it is; "
                       "disable it to get upstream's path back",
@@ -90,6 +91,10 @@ class Report:
     process: str
     strict: bool
     active: bool
+    #: What this process generated, known only as it runs (``_provenance``): under
+    #: ``"hidden_states"`` one record per speculators generator (model, captured layers,
+    #: the ids vLLM must feed a draft trained on them). Empty: no ``data`` key in the JSON.
+    data: dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> AdapterResult:
         for r in self.results:
@@ -113,7 +118,7 @@ class Report:
         return [r for r in self.results if r.status in (Status.MISMATCH, Status.FAILED)]
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "speculators_compat": self.versions.get("speculators_compat"),
             "active": self.active,
             "process": self.process,
@@ -122,6 +127,9 @@ class Report:
             "versions": dict(self.versions),
             "adapters": [r.as_dict() for r in self.results],
         }
+        if self.data:
+            d["data"] = dict(self.data)
+        return d
 
     def to_json(self, path: str | os.PathLike[str] | None = None, **kw: Any) -> str:
         """The report as JSON; also written to ``path`` if given (provenance beside data)."""

@@ -1,7 +1,8 @@
 """The names and formats of speculators 0.3/0.4 that the shim relies on (one home).
 
-The generator module the adapters patch, the worker extension it names, the two result
-contracts of that extension, and the grammar of the request ids its generator assigns:
+The generator module the adapters patch, the worker extension it names, the training
+modules where a draft meets its data, the two result contracts of that extension, and the
+grammar of the request ids its generator assigns:
 every module that needs one of these facts reads it here (adapters in the driver, the
 capture and the transport in vLLM's workers), so they cannot drift apart.
 """
@@ -18,6 +19,10 @@ WORKER_MODULE = "speculators.data_generation.custom_worker"
 WORKER_EXTENSION = f"{WORKER_MODULE}.HiddenStatesWorkerExtension"
 #: speculators 0.4's offline-script metadata module (``get_device_name``).
 CONFIG_MODULE = "speculators.data_generation.config_generator"
+#: speculators' EAGLE-3 draft config (``Eagle3SpeculatorConfig``) and its training data
+#: (``Eagle3SampleFileDataset``, ``standardize_data_v1``): where a draft meets its data.
+EAGLE3_CONFIG_MODULE = "speculators.models.eagle3.config"
+TRAIN_DATA_MODULE = "speculators.train.data"
 
 #: The worker extension's result contract: a list of per-layer tensors (0.3.x)...
 CONTRACT_LIST = "list"

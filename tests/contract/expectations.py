@@ -178,6 +178,12 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
         # speculators' own generate() hazard, independent of the vLLM release.
         lambda e: _status(e.speculators < V("0.5.0.dev0")),
         "generate() adds requests before running; a failure leaks into the next call"),
+    "draft_aux_layers": (
+        # speculators' own numbering vs. vLLM's (output of layer k = vLLM id k + 1) and a
+        # draft config that names no layers: every vLLM release, both speculators releases.
+        lambda e: _status(e.speculators < V("0.5.0.dev0")),
+        "the generator captures layer outputs and Eagle3SpeculatorConfig leaves "
+        "eagle_aux_hidden_state_layer_ids None; vLLM feeds the layer inputs (ids k + 1)"),
 }
 
 def expected_status(name: str, env: Env) -> Status:

@@ -167,7 +167,7 @@ def _consumer_owned(gen: ModuleType) -> dict[str, object]:
     """Namespaces adapters may change, labelled as the patcher labels them."""
     spaces = [gen, gen.VllmHiddenStatesGenerator, importlib.import_module(KV_UTILS),
               importlib.import_module(TF_CONFIG), importlib.import_module(CONFIG_GEN),
-              *CONFIG_CLASSES()]
+              *CONFIG_CLASSES(), *TRAINING_CLASSES()]
     return {_label(obj): obj for obj in spaces}
 
 
@@ -180,6 +180,15 @@ def CONFIG_CLASSES() -> list[type]:  # noqa: N802 - a constant computed late
     from speculators_compat.adapters._probes import config_class
 
     return [config_class(), SpeculatorModelConfig, EagleSpeculator]
+
+
+def TRAINING_CLASSES() -> list[type]:  # noqa: N802 - a constant computed late
+    """Where an EAGLE-3 draft meets its data: speculators' draft config and training
+    dataset (the draft_aux_layers adapter wraps a method of each)."""
+    from speculators.models.eagle3 import Eagle3SpeculatorConfig
+    from speculators.train.data import Eagle3SampleFileDataset
+
+    return [Eagle3SpeculatorConfig, Eagle3SampleFileDataset]
 
 #: Variables vLLM's own modules set when first imported (not the shim's doing; which
 #: import comes first depends on test order): e.g. vllm._aiter_ops syncs AITER_SITUV2_*.
@@ -477,7 +486,7 @@ def check_apply_then_revert(base: Base, name: str):
             assert changed == listed, f"changed {sorted(changed)}; report lists {sorted(listed)}"
             vllm_labels = {c for c in changed if c.rsplit(".", 1)[0] not in (
                 GEN, TF_CONFIG, CONFIG_GEN, "VllmHiddenStatesGenerator",
-                *(_label(c) for c in CONFIG_CLASSES()))}
+                *(_label(c) for c in (*CONFIG_CLASSES(), *TRAINING_CLASSES())))}
             if name != "kv_cache_helpers_relocated":
                 assert not vllm_labels, f"{name} changed vLLM's own objects: {vllm_labels}"
             for label in vllm_labels:

@@ -14,13 +14,18 @@ The same files then train an EAGLE-3 draft (the rest of the pipeline in the
 same environment): scripts/train_draft.py, again under ``speculators-compat run``, builds
 the draft with speculators' own classes, loads the samples with ``speculators.train.data``,
 runs forward + backward + an optimizer step on CPU, saves, reloads and compares config,
-weights and forward exactly (with known-wrong controls in every run).
+weights and forward exactly (with known-wrong controls in every run). The saved draft's
+config names the target layers it was trained on in vLLM's numbering (the
+``draft_aux_layers`` adapter, from the layers file the generation wrote next to the
+data), and ``speculators-compat check-draft`` confirms it, and reports a copy saved
+without them (what speculators writes on its own).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections import Counter
@@ -29,10 +34,14 @@ from pathlib import Path
 import pytest
 from helpers import SCRIPTS, checkpoint, installed, require_speculators, run_in_own_session
 
+from speculators_compat._draft_layers import FIELD, LAYERS_FILE
+
 pytestmark = pytest.mark.e2e
 
 #: Four layers: EAGLE-3 trains on three auxiliary layers + the last one (the target).
 LAYERS = [0, 2, 4, 5]
+#: vLLM's ids of the three auxiliary layers' outputs (its id k is the input of layer k).
+VLLM_AUX = [1, 3, 5]
 TOPICS = ["the quick brown fox", "speculative decoding", "hidden states of the verifier",
           "hello world", "a small draft model", "tokens and layers"]
 
@@ -66,12 +75,12 @@ def offline_run():
         data = tmp / "conversations.jsonl"
         data.write_text("".join(json.dumps({"id": f"c{i}", "conversations": c}) + "\n"
                                 for i, c in enumerate(conversations())))
-        out = tmp / "out"
+        out = tmp / "out"  # created by the script: the report goes there once it exists
         env = dict(os.environ)
         env.pop("SPECULATORS_COMPAT_ACTIVE", None)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                   SPECULATORS_COMPAT_REPORT_FILE=str(tmp / "compat-report.json"))
+                   SPECULATORS_COMPAT_REPORT_FILE=str(out / "compat-report.json"))
         if env.get("PYTHONPATH"):  # runs in a temp cwd: make entries absolute
             env["PYTHONPATH"] = os.pathsep.join(
                 os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep) if p)
@@ -88,10 +97,13 @@ def offline_run():
         samples = [torch.load(f, weights_only=False) for f in files]
         info = json.loads((out / "run_info.json").read_text()) \
             if (out / "run_info.json").exists() else None
-        report_path = tmp / "compat-report.json"
+        report_path = out / "compat-report.json"
         report = json.loads(report_path.read_text()) if report_path.exists() else None
+        layers_path = out / LAYERS_FILE
+        layers = json.loads(layers_path.read_text()) if layers_path.exists() else None
         yield {"rc": rc, "output": output[-8000:], "samples": samples, "info": info,
-               "report": report, "model": model, "out": out, "tmp": tmp, "env": env}
+               "report": report, "layers": layers, "model": model, "out": out, "tmp": tmp,
+               "env": env}
 
 
 def test_run_saves_one_file_per_conversation(offline_run):
@@ -149,6 +161,18 @@ def test_workers_activated_at_start_and_report_file_is_the_drivers(offline_run):
     assert report["pid"] == info["driver_pid"]
 
 
+def test_generator_layers_travel_with_the_data(offline_run):
+    """The layers the generator captured are recorded next to the data (the report's
+    ``data`` section and the layers file), where a later training process finds them."""
+    assert offline_run["rc"] == 0, offline_run["output"]
+    records = offline_run["layers"]["generators"]
+    assert len(records) == 1, records
+    rec = records[0]
+    assert rec["layer_ids"] == LAYERS and rec["num_hidden_layers"] == 6
+    assert rec[FIELD] == VLLM_AUX and rec["pid"] == offline_run["info"]["driver_pid"]
+    assert offline_run["report"]["data"]["hidden_states"] == records
+
+
 @pytest.fixture(scope="module")
 def trained(offline_run):
     """scripts/train_draft.py on the files the generator just wrote (one interpreter)."""
@@ -187,6 +211,44 @@ def test_draft_round_trip_is_exact(trained):
     assert trained["forward_diff"] == []
     dense, flex = trained["dense_vs_flex_loss"]
     assert abs(dense - flex) <= 1e-4 * max(1.0, abs(flex)), (dense, flex)
+
+
+def test_saved_draft_names_the_layers_it_was_trained_on(trained):
+    """The training process (which inherits the generation's report path, and so
+    overwrites that report with its own) read the layers file next to the data: the
+    saved config names vLLM's ids of the captured layers, as the reloaded config does."""
+    assert trained["saved_aux_layer_ids"] == VLLM_AUX
+    assert trained["reloaded_aux_layer_ids"] == VLLM_AUX
+
+
+def check_draft(draft, data, env, tmp) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "speculators_compat", "check-draft", str(draft),
+           "--data", str(data)]
+    rc, output = run_in_own_session(cmd, env, tmp / "check-draft.log", 120, tmp)
+    return rc, output
+
+
+def test_check_draft_confirms_the_saved_draft(offline_run, trained):
+    draft = offline_run["tmp"] / "train" / "draft"
+    rc, output = check_draft(draft, offline_run["out"], offline_run["env"], offline_run["tmp"])
+    assert rc == 0, output
+    assert "OK: vLLM feeds the draft the layers it was trained on" in output
+    assert f"auxiliary hidden states {VLLM_AUX} (named in config.json)" in output
+
+
+def test_check_draft_reports_a_draft_saved_without_layers(offline_run, trained):
+    """What speculators saves without the shim (the field null): vLLM would feed its
+    default for the 6-layer target, (2, 3, 3), not the layers the draft learned from."""
+    tmp = offline_run["tmp"]
+    bare = tmp / "bare-draft"
+    shutil.copytree(tmp / "train" / "draft", bare)
+    config = json.loads((bare / "config.json").read_text())
+    config[FIELD] = None
+    (bare / "config.json").write_text(json.dumps(config))
+    rc, output = check_draft(bare, offline_run["out"], offline_run["env"], tmp)
+    assert rc == 1, output
+    assert "vLLM feeds its default for a 6-layer target, [2, 3, 3]" in output
+    assert 'MISMATCH' in output and f'"{FIELD}": {VLLM_AUX}' in output
 
 
 def test_round_trip_checks_see_known_wrong_reloads(trained):

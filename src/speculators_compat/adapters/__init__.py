@@ -12,6 +12,7 @@ from .._adapter import Adapter
 from .block_hasher_unused import BlockHasherUnused
 from .collective_rpc_unique_reply import CollectiveRpcUniqueReply
 from .cpu_block_size import CPUBlockSize
+from .draft_aux_layers import DraftAuxLayers
 from .executor_sample_tokens import ExecutorSampleTokens
 from .executor_warmup_split import ExecutorWarmupSplit
 from .generate_guard import GenerateGuard
@@ -70,6 +71,7 @@ ADAPTERS: list[Adapter] = [
     ExecutorWarmupSplit(),
     ResultOrderNatural(),
     GenerateGuard(),
+    DraftAuxLayers(),  # outermost on __init__: records a generator that was built
     WorkerSpawnMethod(),
 ]
 

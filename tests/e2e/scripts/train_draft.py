@@ -252,6 +252,9 @@ def round_trip(model, args, device) -> dict:
         "config_json_diff": config_diff(saved_json, resaved_json),
         "config_dict_diff": config_diff(model.config.to_dict(), reloaded.config.to_dict()),
         "saved_speculators_model_type": saved_json.get("speculators_model_type"),
+        # the target layers vLLM will feed the draft (None: vLLM's default ids)
+        "saved_aux_layer_ids": saved_json.get("eagle_aux_hidden_state_layer_ids"),
+        "reloaded_aux_layer_ids": config.eagle_aux_hidden_state_layer_ids,
         "weights_diff": weights_diff({k: v for k, v in model.state_dict().items()
                                       if k not in ignore},
                                      {k: v for k, v in reloaded.state_dict().items()

@@ -1,0 +1,123 @@
+"""``speculators-compat check-draft``: which target layers vLLM will feed a saved EAGLE-3
+draft, and whether they are the ones its training data holds.
+
+Why: vLLM never says. A draft config without ``eagle_aux_hidden_state_layer_ids`` is
+served with vLLM's default ids ``(2, n//2, n-3)``, the outputs of layers ``1, n//2-1,
+n-4``; a draft trained on speculators 0.3/0.4's default capture (layers ``2, n//2, n-3``)
+then runs one layer off with no error (:mod:`speculators_compat._draft_layers`). This
+reads the draft's ``config.json`` the way vLLM does, the target's layer count from the
+verifier it names (or ``--target``), and the data folder's layer metadata
+(``--data``), and says what vLLM will feed. No torch, transformers or vLLM import.
+
+Exit status: 0 when vLLM feeds the layers the data holds (or the config names layers
+and there is no data to compare with), 1 when it does not or cannot be confirmed (the
+config names none), 2 when the folder holds no readable draft config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from . import _draft_layers as dl
+
+OK, MISMATCH, ERROR = 0, 1, 2
+
+
+def _target_layers(config: dict[str, Any], target: str | None,
+                   data: dl.DataLayers | None) -> tuple[int | None, str | None]:
+    """The target's decoder layer count and where it was read."""
+    if target is not None and target.isdigit():
+        return int(target), "--target"
+    for where in (target, dl.verifier_of(config), data.model if data else None):
+        if where:
+            n = dl.num_hidden_layers(where)
+            if n is not None:
+                return n, os.path.join(where, "config.json")
+    if data is not None and data.num_hidden_layers is not None:
+        return data.num_hidden_layers, data.source
+    return None, None
+
+
+def check(draft: str, data: str | None = None, target: str | None = None) -> dict[str, Any]:
+    """The verdict on ``draft`` (a folder with ``config.json``) as a dict (``--json``)."""
+    path = os.path.join(draft, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        return {"status": "error", "exit": ERROR, "draft": draft,
+                "message": f"no readable draft config at {path}: {exc}"}
+    kind = config.get("speculators_model_type")
+    if kind not in (None, "eagle3") or (kind is None and "eagle_config" not in config
+                                         and dl.FIELD not in config):
+        return {"status": "error", "exit": ERROR, "draft": draft,
+                "message": f"{path} is not an EAGLE-3 draft config (speculators_model_type="
+                           f"{kind!r}): vLLM feeds auxiliary hidden states only to EAGLE-3"}
+    lookup = None
+    if data is not None:
+        folder = data if os.path.isdir(data) else os.path.dirname(os.path.abspath(data))
+        lookup = dl.for_dirs([folder])
+    trained = lookup.layers if lookup is not None else None
+    named = dl.named_layers(config)
+    n, n_from = _target_layers(config, target, trained)
+    feeds = named or (dl.vllm_default(n) if n is not None else None)
+    result: dict[str, Any] = {
+        "draft": draft, "config": path, "named": list(named) if named else None,
+        "num_hidden_layers": n, "num_hidden_layers_from": n_from,
+        "vllm_feeds": list(feeds) if feeds else None,
+        "vllm_feeds_outputs_of": list(dl.speculators_ids(feeds)) if feeds else None,
+        "data": data, "data_reason": lookup.reason if lookup is not None else None,
+        "trained_on": list(trained.aux) if trained else None,
+        "target_layer": trained.target if trained else None,
+        "expected": list(trained.vllm_aux_ids) if trained else None,
+    }
+    if trained is not None and feeds is not None:
+        match = tuple(feeds) == trained.vllm_aux_ids
+        result.update(status="match" if match else "mismatch", exit=OK if match else MISMATCH)
+    elif trained is not None:
+        result.update(status="unknown", exit=MISMATCH)  # names none, target size unknown
+    elif named:
+        result.update(status="named", exit=OK)
+    else:
+        result.update(status="default", exit=MISMATCH)
+    return result
+
+
+def lines(r: dict[str, Any]) -> list[str]:
+    """What the command prints for the verdict ``r``."""
+    if r["status"] == "error":
+        return [f"error: {r['message']}"]
+    out = [f"draft: {r['draft']}"]
+    if r["named"]:
+        out.append(f"vLLM feeds auxiliary hidden states {r['named']} (named in config.json): "
+                   f"the outputs of target layers {r['vllm_feeds_outputs_of']}")
+    elif r["vllm_feeds"]:
+        out.append(f"config.json names no {dl.FIELD}: vLLM feeds its default for a "
+                   f"{r['num_hidden_layers']}-layer target, {r['vllm_feeds']} (2, n//2, n-3): "
+                   f"the outputs of target layers {r['vllm_feeds_outputs_of']}")
+    else:
+        out.append(f"config.json names no {dl.FIELD}: vLLM feeds its default (2, n//2, n-3); "
+                   "the target's layer count is unknown (pass --target MODEL_DIR or N)")
+    if r["data"] is not None:
+        if r["trained_on"] is not None:
+            out.append(f"training data: {r['data_reason']}: the draft learned from the outputs "
+                       f"of layers {r['trained_on']} (target layer {r['target_layer']}), "
+                       f"vLLM ids {r['expected']}")
+        else:
+            out.append(f"training data: {r['data']}: {r['data_reason']}")
+    fix = (f"set \"{dl.FIELD}\": {r['expected']} in {r['config']}" if r["expected"] else
+           f"set \"{dl.FIELD}\" in {r['config']} to the layers the training data holds + 1")
+    verdicts = {
+        "match": "OK: vLLM feeds the draft the layers it was trained on",
+        "mismatch": f"MISMATCH: vLLM feeds other layers than the draft was trained on; {fix}",
+        "unknown": f"UNCONFIRMED: the target's layer count is unknown; {fix}",
+        "named": "OK: the config names its layers (pass --data DIR to compare them with the "
+                 "training data)",
+        "default": "UNCONFIRMED: the draft relies on vLLM's default layers; a draft trained on "
+                   "speculators 0.3/0.4's default capture (layers 2, n//2, n-3) is then fed "
+                   f"the layers one below; {fix}",
+    }
+    out.append(verdicts[r["status"]])
+    return out

@@ -1,0 +1,56 @@
+"""What tests/e2e/scripts/gpu_serve.py computes from its runs: the target's rule and how
+well greedy tokens follow it, vLLM's acceptance counters turned into acceptance per
+position and mean acceptance length, paired differences between drafts, and whether
+vLLM's workers held the expected auxiliary layers. Toy numbers; no vLLM, no GPU."""
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location(
+    "gpu_serve_under_test", ROOT / "tests" / "e2e" / "scripts" / "gpu_serve.py")
+gs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gs)
+
+
+def test_rule_sequences_and_accuracy():
+    rule = gs.rule_table(0)
+    assert sorted(rule) == sorted(rule.values())  # a permutation of the pool
+    assert rule == gs.rule_table(0) != gs.rule_table(1)
+    seq = gs.chain(random.Random(0), rule, 40)
+    assert len(seq) == 40 and all(seq[t + 1] == rule[seq[t - 1]] for t in range(1, 39))
+    prompt, cont = seq[:10], seq[10:]
+    assert gs.rule_accuracy(rule, [prompt], [cont]) == 1.0
+    # known wrong: the continuation one token late follows the rule nowhere (a permutation
+    # without fixed points along this chain), half of it wrong gives a half
+    late = seq[9:-1]
+    assert gs.rule_accuracy(rule, [prompt], [late]) < 0.2
+    half = cont[:15] + [gs.POOL_LO] * 15
+    assert gs.rule_accuracy(rule, [prompt], [half]) == pytest.approx(
+        (15 + sum(t == gs.POOL_LO for t in cont[15:])) / 30)
+
+
+def test_acceptance_from_vllm_counters():
+    # 10 drafts of 3 tokens; position 1 accepted 8 times, position 2 five, position 3 twice
+    c = {"drafts": 10, "draft_tokens": 30, "accepted": 15, "per_pos": [8, 5, 2]}
+    s = gs.summarize(c)
+    assert s["acceptance_per_pos"] == [0.8, 0.5, 0.2]
+    assert s["acceptance_rate"] == 0.5
+    assert s["mean_acceptance_length"] == 2.5  # one target token + 1.5 accepted per step
+    assert gs.summarize({"drafts": 0, "draft_tokens": 0, "accepted": 0,
+                         "per_pos": [0, 0, 0]})["mean_acceptance_length"] == 1.0
+
+
+def test_paired_differences_and_fed_layers():
+    d = gs.paired([2.0, 2.2, 2.4, 2.6], [1.5, 1.9, 2.1, 2.1])
+    assert d["mean"] == pytest.approx(0.4) and d["groups"] == 4
+    assert d["se"] == pytest.approx((0.04 / 3 / 4) ** 0.5)  # sample sd / sqrt(groups)
+    assert gs.paired([1.0, 1.0], [1.0, 1.0]) == {"mean": 0.0, "se": 0.0, "groups": 2}
+    assert gs.fed({"aux_layers_in_use": [[3, 5, 6]]}, [3, 5, 6])
+    assert not gs.fed({"aux_layers_in_use": [[2, 4, 5]]}, [3, 5, 6])
+    # where the workers' attribute is not found, or the RPC failed: not a failure
+    assert gs.fed({"aux_layers_in_use": [None]}, [3, 5, 6])
+    assert gs.fed({"aux_layers_in_use": ["TypeError: ..."]}, [3, 5, 6])
