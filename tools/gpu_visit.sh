@@ -19,29 +19,32 @@ logs=/tmp/gpu-visit/logs
 mkdir -p "$out" "$res" "$logs"
 site=${GPU_KIT_SITE:-/root/site}
 deadline=${GPU_VISIT_DEADLINE:-540}
+pressure=()
 { nvidia-smi -L; df -h /root | tail -1; nproc; } >"$res/gpus.txt" 2>&1
 python3 tools/gpu_kit.py smoke >"$res/smoke.txt" 2>&1 || { tail -n 30 "$res/smoke.txt"; echo "smoke failed"; exit 3; }
 
+ckpt=/tmp/gpu-matrix-ckpts/llama
+PYTHONPATH="src:$site" python3 -c "import sys; from speculators_compat.demo.checkpoints import \
+build_checkpoint; build_checkpoint('llama', sys.argv[1])" "$ckpt" >"$logs/ckpt.log" 2>&1
+timeout $((deadline - 40)) python3 tests/e2e/scripts/gpu_matrix.py --out "$res/matrix" \
+    --site "$site" "${GPU_SPECS[@]}" --deadline $((deadline - 90)) "${GPU_ARGS[@]}" \
+    >"$logs/matrix.log" 2>&1 &
+chain=$!
 (
-  timeout $((deadline - 60)) python3 tests/e2e/scripts/gpu_matrix.py --out "$res/matrix" \
-      --site "$site" "${GPU_SPECS[@]}" --deadline $((deadline - 160)) "${GPU_ARGS[@]}" \
-      >"$logs/matrix.log" 2>&1
-  echo "matrix rc=$?" >>"$logs/matrix.log"
-  ckpt=/tmp/gpu-matrix-ckpts/llama
   for mode in plain active; do
     flag=(); [ $mode = active ] && flag=(--activate)
     PYTHONPATH="src:$site" timeout 240 python3 tests/e2e/scripts/llm_tokens.py \
-        --out "$res/untouched-$mode.json" --model "$ckpt" --gpu-mem 0.08 \
+        --out "$res/untouched-$mode.json" --model "$ckpt" --gpu-mem 0.06 \
         "${flag[@]}" >"$logs/untouched-$mode.log" 2>&1
   done
-  for v in 0.3.0 0.4.0.1; do
-    PYTHONPATH="src:/root/spec-$v:$site" timeout 240 python3 tests/e2e/scripts/generate.py \
-        --out "$res/pressure-$v.json" --model "$ckpt" --layers 0,2,5 --batches 11 \
-        --preempt --gpu-mem 0.08 >"$logs/pressure-$v.log" 2>&1 &
-  done
-  wait
 ) &
-chain=$!
+untouched=$!
+for v in 0.3.0 0.4.0.1; do
+  PYTHONPATH="src:/root/spec-$v:$site" timeout $((deadline - 60)) python3 \
+      tests/e2e/scripts/generate.py --out "$res/pressure-$v.json" --model "$ckpt" \
+      --layers 0,2,5 --batches 11 --preempt --gpu-mem 0.06 >"$logs/pressure-$v.log" 2>&1 &
+  pressure+=($!)
+done
 
 timeout $((deadline - 30)) python3 tests/e2e/scripts/gpu_speculators_tests.py --site "$site" \
     --spec 0.3.0=/root/spec-0.3.0 --spec 0.4.0.1=/root/spec-0.4.0.1 \
@@ -64,7 +67,7 @@ if [ -n "${GPU_VISIT_MODELS:-}" ]; then
   models=$!
 fi
 
-wait $chain $spec ${serve:-} ${models:-}
+wait $chain $untouched "${pressure[@]}" $spec ${serve:-} ${models:-}
 python3 - "$res" >"$out/summary.txt" 2>&1 <<'PY'
 import json, sys
 from pathlib import Path
