@@ -402,7 +402,8 @@ def run_phases(a, work: Path, jobs: list[tuple[str, list[str], dict]], parallel:
         env = dict(os.environ, **env_extra)
         env.pop("SPECULATORS_COMPAT_ACTIVE", None)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--work", str(work),
-               "--device", a.device, "--size", a.size, "--seed", str(a.seed), *extra,
+               "--device", a.device, "--size", a.size, "--seed", str(a.seed),
+               *(f"--set={x}" for x in a.set), *extra,
                "--result", str(work / f"{label}.json")]
         log = open(logs / f"{label}.log", "w")  # noqa: SIM115 - closed below
         return label, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -470,6 +471,8 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="gpu", choices=sorted(SIZES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sequential", action="store_true", help="one phase at a time")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one of the size's settings, e.g. --set epochs=6")
     p.add_argument("--phase-timeout", type=float, default=900,
                    help="seconds one step may take before it is killed")
     p.add_argument("--min-acceptance", type=float, default=None,
@@ -491,7 +494,12 @@ def main(argv=None) -> int:
     p.add_argument("--layers")
     p.add_argument("--aux-ids")
     a = p.parse_args(argv)
-    s = SIZES[a.size]
+    s = dict(SIZES[a.size])
+    for item in a.set:
+        key, _, value = item.partition("=")
+        if key not in s:
+            p.error(f"--set {key}: not a setting ({', '.join(sorted(s))})")
+        s[key] = type(s[key])(value) if s[key] is not None else float(value)
     if a.phase:
         res = PHASES[a.phase](a, Path(a.work), s)
         Path(a.result).write_text(json.dumps(res, indent=2) + "\n")
