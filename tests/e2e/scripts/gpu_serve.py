@@ -402,7 +402,8 @@ def run_phases(a, work: Path, jobs: list[tuple[str, list[str], dict]], parallel:
         env = dict(os.environ, **env_extra)
         env.pop("SPECULATORS_COMPAT_ACTIVE", None)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--work", str(work),
-               "--device", a.device, "--size", a.size, "--seed", str(a.seed), *extra,
+               "--device", a.device, "--size", a.size, "--seed", str(a.seed),
+               *(f"--set={x}" for x in a.set), *extra,
                "--result", str(work / f"{label}.json")]
         log = open(logs / f"{label}.log", "w")  # noqa: SIM115 - closed below
         return label, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -470,7 +471,10 @@ def main(argv=None) -> int:
     p.add_argument("--size", default="gpu", choices=sorted(SIZES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sequential", action="store_true", help="one phase at a time")
-    p.add_argument("--phase-timeout", type=float, default=900)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one of the size's settings, e.g. --set epochs=6")
+    p.add_argument("--phase-timeout", type=float, default=900,
+                   help="seconds one step may take before it is killed")
     p.add_argument("--min-acceptance", type=float, default=None,
                    help="the matched draft's acceptance at position 1 must reach this "
                         "(default: the size's; chance is 1/256)")
@@ -490,7 +494,12 @@ def main(argv=None) -> int:
     p.add_argument("--layers")
     p.add_argument("--aux-ids")
     a = p.parse_args(argv)
-    s = SIZES[a.size]
+    s = dict(SIZES[a.size])
+    for item in a.set:
+        key, _, value = item.partition("=")
+        if key not in s:
+            p.error(f"--set {key}: not a setting ({', '.join(sorted(s))})")
+        s[key] = type(s[key])(value) if s[key] is not None else float(value)
     if a.phase:
         res = PHASES[a.phase](a, Path(a.work), s)
         Path(a.result).write_text(json.dumps(res, indent=2) + "\n")
@@ -524,16 +533,20 @@ def main(argv=None) -> int:
     phases: dict = {}
     result["phases"] = phases
 
-    def done() -> int:
+    def save() -> None:  # after every step: a run stopped from outside leaves what it did
         result["seconds"] = round(time.perf_counter() - t_start, 1)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+
+    def done() -> int:
+        save()
         brief = {k: result.get(k) for k in ("ok", "failed", "serving_summary", "claims",
                                             "learnability", "seconds")}
         print(json.dumps(brief, indent=1))
         return 0 if result.get("ok") else 1
 
     phases.update(run_phases(a, work, [("target", ["--phase", "target"], {})], parallel))
+    save()
     if phases["target"]["rc"] != 0:
         result.update(ok=False, failed="target")
         return done()
@@ -544,6 +557,7 @@ def main(argv=None) -> int:
     phases.update(run_phases(a, work, [
         ("generate", ["--phase", "generate"], data_env),
         ("native", ["--phase", "native", "--layers", json.dumps(spec_layers)], {})], parallel))
+    save()
     if phases["generate"]["rc"] != 0:
         result.update(ok=False, failed="generate")
         return done()
@@ -560,6 +574,7 @@ def main(argv=None) -> int:
         *([("train-native", ["--phase", "train", "--data", "data-native",
                              "--aux-ids", json.dumps(matched)], {})] if native else [])],
         parallel))
+    save()
     if phases["train-shim"]["rc"] != 0:
         result.update(ok=False, failed="train-shim")
         return done()
