@@ -54,7 +54,8 @@ spec=$!
 
 if [ -f tests/e2e/scripts/gpu_serve.py ] && [ -z "${GPU_VISIT_NO_SERVE:-}" ]; then
   PYTHONPATH="src:/root/spec-0.4.0.1:$site" timeout $((deadline - 30)) \
-      python3 tests/e2e/scripts/gpu_serve.py --out "$res/serve.json" ${GPU_SERVE_ARGS:-} \
+      python3 tests/e2e/scripts/gpu_serve.py --out "$res/serve.json" --workdir /tmp/gpu-serve \
+      --phase-timeout 180 ${GPU_SERVE_ARGS:-} \
       >"$logs/serve.log" 2>&1 &
   serve=$!
 fi
