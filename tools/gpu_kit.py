@@ -834,6 +834,10 @@ def _extract_zips(stage: Path, dest: Path) -> None:
         return len(group)
 
     dest.mkdir(parents=True, exist_ok=True)
+    # Every folder first, here: zipfile's extract() creates a member's folders without
+    # exist_ok, so two threads extracting into one new folder race (FileExistsError).
+    for folder in sorted({os.path.dirname(name) for _, name, _ in jobs} - {""}):
+        (dest / folder).mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(n) as pool:
         done = sum(pool.map(one, groups))
     print(f"extracted {done} files from {len(list(stage.glob('*.zip')))} zips", flush=True)
