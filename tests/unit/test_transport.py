@@ -15,7 +15,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from speculators_compat.transport import wire  # noqa: E402
-from speculators_compat.transport.copies import RowCopier  # noqa: E402
 from speculators_compat.transport.driver import Receiver  # noqa: E402
 from speculators_compat.transport.worker import Sender  # noqa: E402
 
@@ -234,26 +233,30 @@ def test_unavailable_reason_is_none_on_linux():
     assert wire.unavailable_reason() is None
 
 
-def test_copier_bounds_rows_in_flight():
-    """A hook that would put more than ``max_inflight`` bytes in staging waits for the
-    copy threads (here released by hand); one larger than the bound passes alone."""
+def test_staging_ring_reserves_in_order_and_reuses_freed_space():
+    """The pinned ring (here over ordinary memory): spans come back once they and every
+    span before them are free; a full ring makes the next reservation wait."""
     import threading
 
-    copier = RowCopier(threads=1, max_inflight=100)
-    copier._reserve(60)
-    entered = threading.Event()
+    from speculators_compat.transport.copies import ALIGN, Staging
 
-    def second():
-        copier._reserve(60)
-        entered.set()
-
-    t = threading.Thread(target=second)
+    ring = Staging(8 * ALIGN, buf=torch.empty(8 * ALIGN, dtype=torch.uint8))
+    a = ring.reserve(3 * ALIGN)
+    b = ring.reserve(3 * ALIGN)
+    assert (a[0], b[0]) == (0, 3 * ALIGN)
+    c = ring.reserve(2 * ALIGN)  # exactly the rest: the ring is full
+    assert c[0] == 6 * ALIGN
+    ring.free(b)  # not the oldest: nothing comes back yet
+    got = []
+    t = threading.Thread(target=lambda: got.append(ring.reserve(2 * ALIGN)))
     t.start()
-    assert not entered.wait(0.2)  # 60 + 60 > 100: waits
-    copier._release(60)
-    assert entered.wait(2)
-    t.join()
-    copier._release(60)
-    copier._reserve(500)  # alone: passes
-    copier._release(500)
-    assert copier._inflight == 0 and copier.stats["inflight_wait_s"] > 0
+    t.join(0.2)
+    assert not got  # waits
+    ring.free(a)  # a and b back: [0, 6 * ALIGN) free, the head wraps to 0
+    t.join(2)
+    assert got and got[0][0] == 0
+    d = ring.reserve(4 * ALIGN)  # after the wrapped span, up to c's start
+    assert d[0] == 2 * ALIGN
+    for span in (c, got[0], d):
+        ring.free(span)
+    assert ring.reserve(8 * ALIGN)[0] == 0 and ring.wait_s > 0

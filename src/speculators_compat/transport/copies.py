@@ -2,14 +2,21 @@
 
 Why not straight into the region: a device-to-host copy runs at full bus speed only into
 page-locked memory, and locking each call's fresh region (``cudaHostRegister``) cost
-about 0.45 s per GiB on an H200 host, more than the copy. So each batch of rows goes
-first into pinned staging memory (PyTorch's caching host allocator: locked once, reused
-by later calls) on a side stream that overlaps the forward, and copy threads move it
-from there into the region (numpy releases the GIL), also beside the forward.
+about 0.45 s per GiB on an H200 host, more than the copy. So rows go first into one
+pinned staging ring (:class:`Staging`: locked once per worker, reused by every call) on a
+side stream that overlaps the forward, and copy threads move them from there into the
+region (numpy releases the GIL), also beside the forward.
 
-Bounded: at most ``max_inflight`` bytes of rows wait in staging; a layer hook that
-would go past it waits for the copy threads (the forward then slows, memory does not
-grow). On CPU builds there is no staging: rows are copied into the region in the step.
+Why a ring of our own rather than a pinned tensor per batch of rows: a first version that
+took one from PyTorch's caching host allocator for every layer and step spent about
+0.45 s per GiB of rows inside the layer hooks on the H200 (2026-12-03,
+``gpu_transport_check.py``; the cause was not isolated). The ring is allocated once and
+involves no allocator; a hook only waits when the copy threads are a whole ring behind.
+
+Bounded: the ring holds at most ``SPECULATORS_COMPAT_TRANSPORT_BYTES`` of rows in flight
+(default 512 MiB); a hook that finds it full waits for the copy threads (the forward then
+slows, memory does not grow). On CPU builds there is no staging: rows are copied into
+the region in the step.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -25,9 +33,10 @@ from typing import Any
 COPY_THREADS_ENV = "SPECULATORS_COMPAT_COPY_THREADS"
 DEFAULT_THREADS = 4
 PIECE = 16 << 20
-#: Most bytes of rows waiting in pinned staging, and the variable that sets it.
+#: Bytes of the pinned staging ring (rows in flight), and the variable that sets it.
 STAGING_BYTES_ENV = "SPECULATORS_COMPAT_TRANSPORT_BYTES"
-DEFAULT_STAGING_BYTES = 1 << 30
+DEFAULT_STAGING_BYTES = 512 << 20
+ALIGN = 512
 
 
 def copy_threads() -> int:
@@ -41,7 +50,7 @@ def copy_threads() -> int:
 
 def staging_bytes() -> int:
     try:
-        return max(int(os.environ.get(STAGING_BYTES_ENV, DEFAULT_STAGING_BYTES)), 1 << 20)
+        return max(int(os.environ.get(STAGING_BYTES_ENV, DEFAULT_STAGING_BYTES)), 4 << 20)
     except ValueError:
         return DEFAULT_STAGING_BYTES
 
@@ -53,20 +62,74 @@ def bytes_of(t) -> Any:
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
+class Staging:
+    """A ring of pinned memory: spans are reserved in order and freed in any order; the
+    space of a span comes back once it and every span reserved before it are free."""
+
+    def __init__(self, nbytes: int, buf: Any = None) -> None:
+        import torch
+
+        self.size = nbytes
+        self.buf = (buf if buf is not None else
+                    torch.empty(nbytes, dtype=torch.uint8, pin_memory=True))
+        self._cv = threading.Condition()
+        self._spans: deque = deque()  # [start, end, freed] in reservation order
+        self._head = 0  # next free byte
+        self.wait_s = 0.0
+
+    def _room(self, n: int) -> int | None:
+        """Start of ``n`` free bytes at the head (wrapping to 0), or ``None``."""
+        if not self._spans:
+            self._head = 0
+            return 0 if n <= self.size else None
+        tail = self._spans[0][0]
+        if self._head > tail:  # live spans in one piece: free [head, size) and [0, tail)
+            if self.size - self._head >= n:
+                return self._head
+            return 0 if tail >= n else None
+        if self._head < tail:  # wrapped: free [head, tail)
+            return self._head if tail - self._head >= n else None
+        return None  # head met tail: full
+
+    def reserve(self, n: int) -> list:
+        """A span of ``n`` bytes (``n`` at most the ring's size); waits for room."""
+        n = -(-n // ALIGN) * ALIGN
+        with self._cv:
+            start = self._room(n)
+            if start is None:
+                t0 = time.perf_counter()
+                while start is None:
+                    self._cv.wait()
+                    start = self._room(n)
+                self.wait_s += time.perf_counter() - t0
+            span = [start, start + n, False]
+            self._spans.append(span)
+            self._head = start + n
+            return span
+
+    def free(self, span: list) -> None:
+        with self._cv:
+            span[2] = True
+            while self._spans and self._spans[0][2]:
+                self._spans.popleft()
+            self._cv.notify_all()
+
+
 class RowCopier:
     """Copies (region view, rows) pairs: on CUDA through staging on threads, else at once."""
 
-    def __init__(self, threads: int | None = None, max_inflight: int | None = None) -> None:
+    def __init__(self, threads: int | None = None, staging: int | None = None) -> None:
         self.threads = threads or copy_threads()
-        self.max_inflight = max_inflight or staging_bytes()
+        self.staging_size = staging or staging_bytes()
+        self._staging: Staging | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._stream = None
-        self._cv = threading.Condition()
-        self._inflight = 0
         self._futures: list[Future] = []
-        #: ``staged``: bytes through staging; ``inflight_wait_s``: hooks waiting for room;
-        #: ``tail_s``: time :meth:`wait` waited for copies after the last step.
-        self.stats = {"staged": 0, "inflight_wait_s": 0.0, "tail_s": 0.0}
+        #: ``staged``: bytes through staging; ``staging_wait_s``: hooks waiting for room in
+        #: the ring; ``hook_s``: time the hooks spent queueing copies; ``tail_s``: time
+        #: :meth:`wait` waited for copies after the last step.
+        self.stats = {"staged": 0, "staging_wait_s": 0.0, "hook_s": 0.0, "tail_s": 0.0,
+                      "enqueue_s": 0.0, "submit_s": 0.0}
 
     def copy(self, pairs: list[tuple[Any, Any]]) -> None:
         """``pairs``: (destination: a uint8 numpy view of the region, rows: a tensor of the
@@ -84,55 +147,61 @@ class RowCopier:
     def _copy_cuda(self, pairs) -> None:
         import torch
 
-        nbytes = sum(dst.nbytes for dst, _ in pairs)
-        self._reserve(nbytes)
-        stream = self._side_stream()
-        ready = torch.cuda.Event()
-        ready.record()
-        staged = []
-        with torch.cuda.stream(stream):
-            stream.wait_event(ready)
-            for dst, rows in pairs:
-                host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
-                host.copy_(rows, non_blocking=True)
-                rows.record_stream(stream)  # its memory is not reused before the copy ran
-                staged.append((dst, host))
-            done = torch.cuda.Event(blocking=True)  # waiting threads sleep, not spin
-            done.record(stream)
-        self.stats["staged"] += nbytes
+        t0 = time.perf_counter()
+        if self._staging is None:
+            self._staging = Staging(self.staging_size)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads,
                                             thread_name_prefix="speculators-compat-copy")
-        for dst, host in staged:
-            src = bytes_of(host)
-            for lo in range(0, dst.nbytes, PIECE):
-                hi = min(lo + PIECE, dst.nbytes)
-                self._futures.append(self._pool.submit(self._piece, done, dst[lo:hi],
-                                                       src[lo:hi], host))
+        staging = self._staging
+        stream = self._side_stream()
+        ready = torch.cuda.Event()
+        ready.record()
+        limit = max(staging.size // 4, ALIGN)
+        waited = staging.wait_s
+        with torch.cuda.stream(stream):
+            stream.wait_event(ready)
+            for dst, rows in pairs:
+                flat = rows.reshape(-1).view(torch.uint8)
+                for lo in range(0, dst.nbytes, limit):
+                    hi = min(lo + limit, dst.nbytes)
+                    span = staging.reserve(hi - lo)
+                    t1 = time.perf_counter()
+                    host = staging.buf[span[0]:span[0] + (hi - lo)]
+                    host.copy_(flat[lo:hi], non_blocking=True)
+                    done = torch.cuda.Event(blocking=True)  # waiting threads sleep
+                    done.record(stream)
+                    t2 = time.perf_counter()
+                    self._queue(done, dst[lo:hi], host.numpy(), span)
+                    self.stats["enqueue_s"] += t2 - t1
+                    self.stats["submit_s"] += time.perf_counter() - t2
+                rows.record_stream(stream)  # its memory is not reused before the copy ran
+                self.stats["staged"] += dst.nbytes
+        self.stats["staging_wait_s"] += staging.wait_s - waited
+        self.stats["hook_s"] += time.perf_counter() - t0
 
-    def _piece(self, done, dst, src, host) -> None:
-        import numpy as np
+    def _queue(self, done, dst, src, span) -> None:
+        """Copy ``src`` (staging) to ``dst`` (region) once ``done`` fired, in pieces on the
+        threads; the span goes back to the ring with the last piece."""
+        pieces = [(lo, min(lo + PIECE, dst.nbytes)) for lo in range(0, dst.nbytes, PIECE)]
+        left = [len(pieces)]
+        lock = threading.Lock()
 
-        try:
-            done.synchronize()
-            np.copyto(dst, src)
-        finally:
-            del host  # the staging block returns to PyTorch's cache with its last piece
-            self._release(dst.nbytes)
+        def piece(lo: int, hi: int) -> None:
+            import numpy as np
 
-    def _reserve(self, nbytes: int) -> None:
-        with self._cv:
-            if self._inflight and self._inflight + nbytes > self.max_inflight:
-                t0 = time.perf_counter()
-                while self._inflight and self._inflight + nbytes > self.max_inflight:
-                    self._cv.wait()
-                self.stats["inflight_wait_s"] += time.perf_counter() - t0
-            self._inflight += nbytes
+            try:
+                done.synchronize()
+                np.copyto(dst[lo:hi], src[lo:hi])
+            finally:
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    self._staging.free(span)
 
-    def _release(self, nbytes: int) -> None:
-        with self._cv:
-            self._inflight -= nbytes
-            self._cv.notify_all()
+        for lo, hi in pieces:
+            self._futures.append(self._pool.submit(piece, lo, hi))
 
     def _side_stream(self):
         if self._stream is None:
@@ -165,3 +234,4 @@ class RowCopier:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        self._staging = None

@@ -120,7 +120,8 @@ def main() -> int:
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--step-tokens", type=int, default=8192)
     p.add_argument("--calls", type=int, default=4)
-    p.add_argument("--work", type=int, default=6, help="matrix products between two hooks")
+    p.add_argument("--work", type=int, default=100,
+                   help="matrix products between two hooks (100: about an 8B forward)")
     p.add_argument("--threads", default="2,4,8")
     p.add_argument("--device", default="cuda", help="cuda; cpu only tests the script")
     a = p.parse_args()
@@ -142,7 +143,8 @@ def main() -> int:
                   f"{med[len(med) // 2]:.3f} s vs forward alone {ref[len(ref) // 2]:.3f} s, "
                   f"tail {run['stats']['tail_s'] / len(run['calls']):.4f} s/call, "
                   f"hook {run['stats']['write_s'] / len(run['calls']):.4f} s/call, "
-                  f"staging wait {run['stats']['inflight_wait_s']:.3f} s", flush=True)
+                  f"staging wait {run['stats']['staging_wait_s']:.3f} s, in the copier "
+                  f"{run['stats']['hook_s'] / len(run['calls']):.4f} s/call", flush=True)
     out["ok"] = ok
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1, default=str)
