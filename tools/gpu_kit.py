@@ -127,7 +127,7 @@ def _norm(name: str) -> str:
 
 def _on_machine(project: str) -> bool:
     """Whether the device image has the project (or it is torch's own CUDA runtime)."""
-    if project == "nvidia-cudnn-frontend":
+    if project == "nvidia-cudnn-frontend" or project.startswith("nvidia-cutlass-dsl"):
         return False
     return project in ON_MACHINE or project.startswith("nvidia-") or project in (
         "torch", "triton")
@@ -339,13 +339,21 @@ DL34 = R34 / "dl"
 STAGE34 = R34 / "stage"        # the primary kit
 PARTS34 = R34 / "parts"        # kit.partNN, triton.partNN, nccl.partNN and their json
 VLLM34 = "vllm==0.34.0"
+# CuTe DSL: vLLM 0.34's kernel warm-up imports the MiniMax-M3 sparse-attention module on
+# every CUDA platform, and that imports ``cutlass`` (seen on the H200, 2026-12-03:
+# "No module named 'cutlass'" in every worker). The CUDA 13 libraries only (the cu12 ones
+# are the default extra, not needed here). Its wheel adds ``dsl_packages`` to sys.path
+# with a .pth file, which a PYTHONPATH folder does not read: ``install`` links the folder's
+# entries into the site instead.
+CUTLASS34 = ["nvidia-cutlass-dsl==4.8.0", "nvidia-cutlass-dsl-libs-base==4.8.0",
+             "nvidia-cutlass-dsl-libs-core==4.8.0", "nvidia-cutlass-dsl-libs-cu13==4.8.0"]
 TORCH34 = "torch==2.14.0"
 FALLBACKS = {"triton": "triton==3.8.0", "nccl": "nvidia-nccl-cu13==2.32.3"}
 # flashinfer-python 0.7.3 (vLLM's pin) is not on the registry: 0.7.4. torchvision 0.29.0 is
 # vLLM's pin for torch 2.14 (the image's torchvision is built for torch 2.11).
 EXTRA_NO_DEPS34 = ["transformers==5.20.2", "huggingface-hub==2.4.0", "nvtx==0.2.15",
                    "cuda-tile", "torchvision==0.29.0",
-                   "datasets==4.6.0", "multiprocess==0.70.18"]
+                   "datasets==4.6.0", "multiprocess==0.70.18", *CUTLASS34]
 # Left out of the 0.34 kit (101 + 12 MB of wheels): vLLM imports flashinfer only in its
 # FlashInfer attention backends and in models this kit does not run; without it vLLM picks
 # FLASH_ATTN (Llama) / FLASH_ATTN_MLA (DeepSeek) on Hopper and samples with PyTorch.
@@ -848,6 +856,9 @@ def _env34(installed: set[str]) -> dict[str, str]:
     ``.gpu-kit-env.sh`` / ``.json``; tools/gpu_preamble.sh sources it)."""
     nccl = DEV_SITE / "nvidia" / "nccl" / "lib"
     env = {"PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK": "1",
+           # The kit carries no FlashInfer; vLLM 0.34's sampler imports its backend unless
+           # told not to use it ("No module named 'flashinfer'" in every worker).
+           "VLLM_USE_FLASHINFER_SAMPLER": "0",
            "PYTHONPATH": str(DEV_SITE),
            # Reaches vLLM's spawned workers through the environment.
            "LD_PRELOAD": str(nccl / "libnccl.so.2") if "nccl" in installed
@@ -863,12 +874,24 @@ def _write_env(env: dict[str, str]) -> None:
     for k, v in env.items():
         if k == "GPU_KIT_ENV":
             continue
-        if k == "PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK":
+        if k in ("PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK", "VLLM_USE_FLASHINFER_SAMPLER"):
             lines.append(f"export {k}={v}")
         else:  # prepended to what is there
             lines.append(f'export {k}="{v}${{{k}:+:${k}}}"')
     (DEV_SITE / ".gpu-kit-env.sh").write_text("\n".join(lines) + "\n")
     (DEV_SITE / ".gpu-kit-env.json").write_text(json.dumps(env, indent=1) + "\n")
+
+
+def _link_dsl_packages(site: Path) -> None:
+    """What the CuTe DSL's .pth file would put on sys.path, linked into the site (see
+    :data:`CUTLASS34`)."""
+    dsl = site / "nvidia_cutlass_dsl" / "dsl_packages"
+    if not dsl.is_dir():
+        return
+    for entry in dsl.iterdir():
+        link = site / entry.name
+        if not link.exists():
+            link.symlink_to(entry)
 
 
 def _install_zips(args, meta: dict) -> None:
@@ -885,6 +908,7 @@ def _install_zips(args, meta: dict) -> None:
         (DEV_SITE / "_gpu_kit").mkdir()
         shutil.copy2(stage / "lib" / STUB_NAME, DEV_SITE / "_gpu_kit" / STUB_NAME)
         _install_wheels(stage)
+        _link_dsl_packages(DEV_SITE)
         shutil.rmtree(stage, ignore_errors=True)
         done.write_text(meta["digest"] + "\n")
         print(f"installed kit {meta['digest']} (vLLM {meta.get('vllm')}) into {DEV_SITE}",
@@ -966,7 +990,8 @@ def smoke(args) -> None:
         if os.environ.get("GPU_KIT_ENV") != env["GPU_KIT_ENV"]:
             new = dict(os.environ)
             for k, v in env.items():
-                keep = k not in ("GPU_KIT_ENV", "PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK")
+                keep = k not in ("GPU_KIT_ENV", "PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK",
+                                 "VLLM_USE_FLASHINFER_SAMPLER")
                 new[k] = v + (f":{new[k]}" if keep and new.get(k) else "")
             os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]],
                       new)
@@ -1039,10 +1064,17 @@ def smoke(args) -> None:
 
     def vllm_modules():
         import importlib
+        import importlib.util
         # (vLLM 0.34 has no V1 ``vllm.v1.worker.gpu_model_runner`` any more.)
         for mod in ("vllm", "vllm._custom_ops", "vllm.v1.worker.gpu_worker",
                     "vllm.v1.worker.gpu.model_runner", "vllm.vllm_flash_attn"):
             importlib.import_module(mod)
+        if importlib.util.find_spec("vllm.model_executor.warmup.minimax_m3_msa_warmup"):
+            # imported by every CUDA worker's kernel warm-up (0.34): needs the CuTe DSL
+            importlib.import_module("vllm.model_executor.warmup.minimax_m3_msa_warmup")
+        from vllm.v1.sample.ops.topk_topp_sampler import flashinfer_sampler_supported
+
+        flashinfer_sampler_supported()  # imports FlashInfer unless the sampler is told not to
         import torch
         from vllm import _custom_ops as ops
         # one of vLLM's own kernels on the GPU (its libraries carry sm_90 code only)

@@ -463,6 +463,16 @@ def hidden_mapping(work: Path, layers: list[int], n: int) -> dict:
             "native_k_is_vllm_default": list(layers[:-1]) == [2, n // 2, n - 3]}
 
 
+def _no_cudnn_attention() -> None:
+    """PyTorch's scaled-dot-product attention without its cuDNN backend: on the GPU kit
+    (torch 2.14 built against cuDNN 9.24, the image's cuDNN 9.19) the target's training
+    failed in its backward with ``cuDNN Frontend error ... CUDNN_STATUS_BAD_PARAM``
+    (H200, 2026-12-03); the flash and memory-efficient backends remain."""
+    import torch
+
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None)
@@ -501,6 +511,8 @@ def main(argv=None) -> int:
             p.error(f"--set {key}: not a setting ({', '.join(sorted(s))})")
         s[key] = type(s[key])(value) if s[key] is not None else float(value)
     if a.phase:
+        if a.device == "cuda":
+            _no_cudnn_attention()
         res = PHASES[a.phase](a, Path(a.work), s)
         Path(a.result).write_text(json.dumps(res, indent=2) + "\n")
         return 0
