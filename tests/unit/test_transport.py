@@ -260,3 +260,48 @@ def test_staging_ring_reserves_in_order_and_reuses_freed_space():
     for span in (c, got[0], d):
         ring.free(span)
     assert ring.reserve(8 * ALIGN)[0] == 0 and ring.wait_s > 0
+
+
+def test_populating_a_region_lets_other_threads_run(monkeypatch):
+    """The worker's forward launches its kernels from Python: faulting a region in beside
+    it must not hold the GIL (``mmap.madvise`` does, for the whole call; here one call
+    covers the region, so such a version leaves the other thread nearly no time)."""
+    import threading
+    import time
+
+    from speculators_compat.transport import region as region_mod
+    from speculators_compat.transport.region import Region
+
+    monkeypatch.setattr(region_mod, "POPULATE_SPAN", 512 << 20)
+
+    def ticks_per_s(seconds: float, during=None) -> float:
+        done, ticks = threading.Event(), [0]
+
+        def spin():
+            while not done.is_set():
+                ticks[0] += 1
+
+        t = threading.Thread(target=spin)
+        t.start()
+        time.sleep(0.02)
+        t0, a = time.perf_counter(), ticks[0]
+        if during is None:
+            time.sleep(seconds)
+        else:
+            during()
+        rate = (ticks[0] - a) / (time.perf_counter() - t0)
+        done.set()
+        t.join()
+        return rate
+
+    base = ticks_per_s(0.2)
+    region = Region(512 << 20)
+
+    def populate():
+        region.populate()
+        region._populator.join()
+
+    during = ticks_per_s(0, populate)
+    region.close()
+    assert region.populate_s > 0
+    assert during > 0.1 * base, (during, base)

@@ -21,6 +21,7 @@ closed in the worker at the next call (the driver has mapped them by then).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -148,10 +149,15 @@ class Sender:
         sink, self.sink = self.sink, None
         if sink is not None:
             sink.discard()
-        for region in self._sent:
-            self.stats["populate_s"] += region.populate_s
+        sent, self._sent = self._sent, []
+        if sent:  # unmapping a call's worth of pages takes a while: not before the forward
+            threading.Thread(target=self._close, args=(sent,), daemon=True,
+                             name="speculators-compat-close").start()
+
+    def _close(self, regions: list[Region]) -> None:
+        for region in regions:
             region.close()
-        self._sent.clear()
+            self.stats["populate_s"] += region.populate_s
 
     def reply(self, states: Any, contract: str, order: list[str],
               lengths: dict[str, int]) -> dict:
