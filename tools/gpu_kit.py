@@ -346,7 +346,9 @@ VLLM34 = "vllm==0.34.0"
 # with a .pth file, which a PYTHONPATH folder does not read: ``install`` links the folder's
 # entries into the site instead.
 CUTLASS34 = ["nvidia-cutlass-dsl==4.8.0", "nvidia-cutlass-dsl-libs-base==4.8.0",
-             "nvidia-cutlass-dsl-libs-core==4.8.0", "nvidia-cutlass-dsl-libs-cu13==4.8.0"]
+             "nvidia-cutlass-dsl-libs-core==4.8.0", "nvidia-cutlass-dsl-libs-cu13==4.8.0",
+             # the same module imports QuACK's kernels too ("No module named 'quack'")
+             "quack-kernels==0.6.5"]
 TORCH34 = "torch==2.14.0"
 FALLBACKS = {"triton": "triton==3.8.0", "nccl": "nvidia-nccl-cu13==2.32.3"}
 # flashinfer-python 0.7.3 (vLLM's pin) is not on the registry: 0.7.4. torchvision 0.29.0 is
