@@ -53,7 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import envs  # noqa: E402  (tools/envs.py, beside this file)
-from matrix_render import render, short  # noqa: E402  (the page's renderer)
+import matrix_fresh  # noqa: E402  (whether records describe today's adapter code)
+from matrix_render import PROVEN, render, render_proven, short  # noqa: E402  (the renderer)
 from sessions import run_in_own_session  # noqa: E402
 
 RESULTS = ROOT / "docs" / "support-matrix.json"
@@ -101,6 +102,7 @@ def save(data: dict[str, Any]) -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
     TARGET.write_text(render(data))
+    PROVEN.write_text(render_proven(data))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -120,6 +122,13 @@ def du_gb(path: Path) -> float | None:
         return round(int(out) / 2**20, 1)
     except (subprocess.CalledProcessError, OSError, IndexError, ValueError):
         return None
+
+
+def shim_stamp() -> dict[str, str | None]:
+    """What every record carries about the shim code that produced it: ``shim`` (the
+    commit) and ``shim_src`` (a digest of the adapter code as it ran); the unit test of
+    ``tools/matrix_fresh.py`` compares them with today's code."""
+    return {"shim": shim_revision(), "shim_src": matrix_fresh.source_digest(ROOT)}
 
 
 def shim_revision() -> str | None:
@@ -352,7 +361,7 @@ def run_env(data: dict[str, Any], name: str, specs: list[str], args) -> bool:
     data["envs"][name] = rec
     if not build_step(data, rec, name):
         return False
-    rev = shim_revision()
+    rev = shim_stamp()
     ok = True
     for spec in [*specs, *envs.UNSUPPORTED_SPECULATORS]:
         ok &= spec_steps(data, rec, name, spec, rev, args)
@@ -399,13 +408,13 @@ def build_step(data: dict[str, Any], rec: dict[str, Any], name: str) -> bool:
 
 
 def spec_steps(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
-               rev: str | None, args) -> bool:
+               rev: dict[str, str | None], args) -> bool:
     """One speculators release in one env: doctor (a refused release stops here),
     the verdict checks, ``tests/contract``, the e2e runs."""
     srec = rec["speculators"].setdefault(spec, {})
     log(f"{name} × speculators {spec}: doctor --json")
     doc = doctor(name, spec)
-    doc["shim"] = rev
+    doc.update(rev)
     srec["doctor"] = doc
     if doc.get("versions"):
         v = doc["versions"]
@@ -427,7 +436,7 @@ def spec_steps(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
     save(data)
     if not args.skip_contract:
         log(f"{name} × {spec}: tests/contract")
-        srec["contract"] = {**contract(name, spec), "shim": rev}
+        srec["contract"] = {**contract(name, spec), **rev}
         ok &= srec["contract"]["failed"] == 0
         save(data)
     if not args.skip_e2e:
@@ -477,7 +486,7 @@ def verdict_checks(name: str, spec: str, srec: dict[str, Any], doc: dict[str, An
 
 
 def e2e_steps(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
-              srec: dict[str, Any], rev: str | None, args) -> bool:
+              srec: dict[str, Any], rev: dict[str, str | None], args) -> bool:
     """The e2e models (``E2E``) this env can run; on a strictly pinned vLLM the Llama run
     again without the safeguards."""
     recipe = envs.RECIPES[name]
@@ -494,7 +503,7 @@ def e2e_steps(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
             srec["e2e"][kind] = {"status": "not-run", "why": MLA_NOTE}
             continue
         log(f"{name} × {spec}: e2e {kind}")
-        res = {**e2e(name, spec, kind, rec["versions"]["transformers"]), "shim": rev}
+        res = {**e2e(name, spec, kind, rec["versions"]["transformers"]), **rev}
         srec["e2e"][kind] = res
         ok &= res["status"] in ("pass", "vllm-fails")
         log(f"{name} × {spec}: e2e {kind}: {res['status']} "
@@ -503,7 +512,7 @@ def e2e_steps(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
         if kind == "llama" and (srec.get("pinned") or {}).get("strict"):
             log(f"{name} × {spec}: e2e {kind} with {NO_SAFEGUARDS}")
             res = {**e2e(name, spec, kind, rec["versions"]["transformers"],
-                         extra_env=NO_SAFEGUARDS), "shim": rev}
+                         extra_env=NO_SAFEGUARDS), **rev}
             srec["pinned"]["e2e_without_safeguards"] = res
             ok &= res["status"] == "pass"
             log(f"{name} × {spec}: e2e {kind} without safeguards: {res['status']} "
@@ -544,16 +553,20 @@ def cmd_run(args) -> int:
 # --------------------------------------------------------------------------- render
 
 def cmd_render(args) -> int:
-    text = render(load())
-    if args.check:
-        current = TARGET.read_text() if TARGET.exists() else ""
-        if current != text:
-            print(f"{TARGET} is out of date: run python3 tools/matrix.py render",
-                  file=sys.stderr)
-            return 1
-        return 0
-    TARGET.write_text(text)
-    print(f"wrote {TARGET}")
+    """Write (``--check``: compare) the page and the package's copy of the results."""
+    data = load()
+    stale = []
+    for path, text in ((TARGET, render(data)), (PROVEN, render_proven(data))):
+        if args.check:
+            if (path.read_text() if path.exists() else "") != text:
+                stale.append(path.relative_to(ROOT).as_posix())
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print(f"{', '.join(stale)} out of date: run python3 tools/matrix.py render",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -20,9 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import envs  # noqa: E402  (tools/envs.py, beside this file)
+import matrix_proven  # noqa: E402  (the package's copy of the results)
 
 #: GPU results written by ``tools/gpu_run.sh`` (docs/gpu.md), rendered as their own table.
 GPU_RESULTS = ROOT / "docs" / "results"
+#: The copy of the results the package ships (``speculators_compat._proven``).
+PROVEN = ROOT / "src" / "speculators_compat" / "_proven.json"
 
 _SHORT = {"applied": "applied", "not-needed": "·", "mismatch": "**mismatch**",
           "failed": "**failed**", "disabled": "disabled"}
@@ -97,6 +100,11 @@ def _verdict_cell(rec: dict[str, Any], adapter: str, specs: list[str]) -> str:
 
 # --------------------------------------------------------------------------- sections
 
+def render_proven(data: dict[str, Any], results: Path = GPU_RESULTS) -> str:
+    """The text of :data:`PROVEN` (``tools/matrix_proven.py``)."""
+    return matrix_proven.text(matrix_proven.proven(data, results, envs.SPECULATORS))
+
+
 def render(data: dict[str, Any]) -> str:
     """The whole page."""
     recs = [data["envs"][k] for k in sorted(data["envs"], key=envs.version_key)]
@@ -158,19 +166,20 @@ def _results(recs: list[dict[str, Any]], specs: list[str]) -> list[str]:
            "and the range check (an adapter that applies must do so inside its declared "
            "vLLM range). `n/a`: not run, see the notes.", "",
            "| env | speculators | Llama e2e | DeepSeek-V3 e2e | contract tests | "
-           "range check |",
-           "|---|---|---|---|---|---|"]
+           "range check | shim commit |",
+           "|---|---|---|---|---|---|---|"]
     for r in recs:
         for spec in specs:
             s = r.get("speculators", {}).get(spec)
             if s is None:
                 continue
             doc = s.get("doctor") or {}
+            rev = _revisions({"speculators": {spec: s}})
             if doc.get("supported") is False:
-                out.append(f"| {r['env']} | {spec} | refused | refused | – | – |")
+                out.append(f"| {r['env']} | {spec} | refused | refused | – | – | {rev} |")
                 continue
             if doc.get("supported") is None:
-                out.append(f"| {r['env']} | {spec} | **doctor failed** | – | – | – |")
+                out.append(f"| {r['env']} | {spec} | **doctor failed** | – | – | – | {rev} |")
                 continue
             e = s.get("e2e") or {}
             c = s.get("contract")
@@ -182,7 +191,7 @@ def _results(recs: list[dict[str, Any]], specs: list[str]) -> list[str]:
                                             "**" + ", ".join(d["adapter"] for d in dis) +
                                             " outside range**")
             out.append(f"| {r['env']} | {spec} | {e2e_cell(e.get('llama'))} | "
-                       f"{e2e_cell(e.get('deepseek_v3'))} | {ctext} | {rtext} |")
+                       f"{e2e_cell(e.get('deepseek_v3'))} | {ctext} | {rtext} | {rev} |")
     return out
 
 

@@ -7,6 +7,11 @@ shape (an EAGLE draft over a layer config class without ``pad_token_id``, as spe
 own ``test_eagle_speculator_auto_architecture_error_handling`` builds it) raises
 ``AttributeError`` bare on transformers 5 and reaches speculators' own error through the
 adapter, leaving the config object without the attribute.
+
+The adapter is a pre-import one (``Stage.BEFORE_GENERATOR_IMPORT``): on vLLM >= 0.33 the
+session fixture holds it active (the generator's own imports need that stage), so the
+bare call runs with the session's copy suspended (``adapter_context``); otherwise the
+"bare" call would already go through the adapter and reach speculators' ``TypeError``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from ..support import (
     APPLIED,
     BY_NAME,
     activated,
+    adapter_context,
     check_apply_then_revert,
     check_probe_agrees_with_release,
     expected_status,
@@ -65,12 +71,13 @@ def test_legacy_call_shape(base):
     tf5 = base.env.transformers_major >= 5
     layer, config = eagle_config()
     speculators_error = "is not a valid causal language model config class"
-    if tf5:
-        with pytest.raises(AttributeError, match="pad_token_id"):
-            EagleSpeculator(config, verifier_attachment_mode="detached")
-    with activated(adapter) as report:
-        assert report[NAME].status is expected_status(NAME, base.env), report[NAME]
-        assert (report[NAME].status is APPLIED) == tf5
-        with pytest.raises(TypeError, match=speculators_error):
-            EagleSpeculator(config, verifier_attachment_mode="detached")
-        assert hasattr(layer, "pad_token_id") == (not tf5)  # left as it was
+    with adapter_context(base, NAME):
+        if tf5:
+            with pytest.raises(AttributeError, match="pad_token_id"):
+                EagleSpeculator(config, verifier_attachment_mode="detached")
+        with activated(adapter) as report:
+            assert report[NAME].status is expected_status(NAME, base.env), report[NAME]
+            assert (report[NAME].status is APPLIED) == tf5
+            with pytest.raises(TypeError, match=speculators_error):
+                EagleSpeculator(config, verifier_attachment_mode="detached")
+            assert hasattr(layer, "pad_token_id") == (not tf5)  # left as it was
