@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import envs  # noqa: E402  (tools/envs.py, beside this file)
 import matrix_fresh  # noqa: E402  (whether records describe today's adapter code)
+import matrix_train  # noqa: E402  (where the training chain runs)
 from matrix_render import PROVEN, render, render_proven, short  # noqa: E402  (the renderer)
 from sessions import run_in_own_session  # noqa: E402
 
@@ -220,10 +221,13 @@ def range_check(env_name: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
             if a["status"] == "applied" and inside.get(n) is False]
 
 
-def contract(env_name: str, spec: str) -> dict[str, Any]:
-    label = f"matrix-{env_name}-speculators-{spec}-contract"
+def contract(env_name: str, spec: str, path: str = "tests/contract",
+             kind: str = "contract") -> dict[str, Any]:
+    """One pytest suite in the env with one speculators release (``tools/envs.py``'s
+    rules: a skip outside the allow-list fails); counts and the failures' messages."""
+    label = f"matrix-{env_name}-speculators-{spec}-{kind}"
     t = time.time()
-    counts = envs._pytest(env_name, spec, ["tests/contract"], label, [])
+    counts = envs._pytest(env_name, spec, [path], label, [])
     failures = []
     junit = ROOT / ".cache" / "junit" / f"{label}.xml"
     if junit.exists():
@@ -446,7 +450,33 @@ def spec_steps(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
         save(data)
     if not args.skip_e2e:
         ok &= e2e_steps(data, rec, name, spec, srec, rev, args)
+    if not args.skip_train:
+        ok &= train_step(data, name, spec, srec, rev)
     return ok
+
+
+def train_step(data: dict[str, Any], name: str, spec: str, srec: dict[str, Any],
+               rev: dict[str, str | None]) -> bool:
+    """The training chain (``tools/matrix_train.py``) where this env's transformers is
+    trained on; elsewhere a note naming the env that does."""
+    where = matrix_train.trains_for(data, name)
+    if where is None:
+        srec.pop("train", None)
+        return True
+    if where != name:
+        tf = data["envs"][name]["versions"]["transformers"]
+        srec["train"] = {"status": "not-run", "why": f"transformers {tf}: trained in the "
+                                                     f"{where} env"}
+        save(data)
+        return True
+    log(f"{name} × {spec}: training chain ({matrix_train.TRAIN_TESTS})")
+    res = contract(name, spec, matrix_train.TRAIN_TESTS, "train")
+    srec["train"] = {"status": "fail" if res["failed"] or not res["passed"] else "pass",
+                     **res, **rev}
+    log(f"{name} × {spec}: training chain: {srec['train']['status']} "
+        f"({res['passed']}/{res['failed']}/{res['skipped']})")
+    save(data)
+    return srec["train"]["status"] == "pass"
 
 
 def refused_step(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
@@ -608,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
                             help="verdicts and contract only")
         parser.add_argument("--skip-contract", action="store_true",
                             help="do not run tests/contract")
+        parser.add_argument("--skip-train", action="store_true",
+                            help="do not run the training chain (tools/matrix_train.py)")
         parser.add_argument("--models", help=f"e2e models to run (default all: "
                                              f"{','.join(E2E)}); the others keep their "
                                              "recorded results")

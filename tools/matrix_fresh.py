@@ -126,6 +126,7 @@ def records(data: dict[str, Any]) -> list[Record]:
     for env, rec in (data.get("envs") or {}).items():
         for spec, s in (rec.get("speculators") or {}).items():
             parts = {"doctor": s.get("doctor"), "contract": s.get("contract"),
+                     "training chain": s.get("train"),
                      **{f"e2e {k}": e for k, e in (s.get("e2e") or {}).items()}}
             pinned = (s.get("pinned") or {}).get("e2e_without_safeguards")
             if pinned:

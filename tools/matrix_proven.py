@@ -10,9 +10,10 @@ speculators releases for which everything held, when, and at which shim commit.
 A row holds when doctor supported it with no adapter in ``mismatch``/``failed``, the
 range check agreed, ``tests/contract`` had no failure, and (``e2e`` envs) every e2e run
 passed or was not run for a stated reason (vLLM itself failing on the checkpoint, MLA on
-an old CPU backend), and, on speculators' strictly pinned vLLM, no ``upstream-change``
-adapter applied. GPU level: the newest ``docs/results/gpu-*.json`` (not
-``gpu-models-*``) with runs of that speculators release, every one of them ok.
+an old CPU backend), the training chain (where it ran) passed, and, on speculators'
+strictly pinned vLLM, no ``upstream-change`` adapter applied. GPU level: the newest
+``docs/results/gpu-*.json`` (not ``gpu-models-*``) with runs of that speculators release,
+every one of them ok.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def public(version: str | None) -> str | None:
 
 
 def _shims(s: dict[str, Any]) -> list[str]:
-    parts = [s.get("doctor"), s.get("contract"), *(s.get("e2e") or {}).values()]
+    parts = [s.get("doctor"), s.get("contract"), s.get("train"),
+             *(s.get("e2e") or {}).values()]
     return sorted({p["shim"] for p in parts if p and p.get("shim")})
 
 
@@ -52,6 +54,8 @@ def row_holds(level: str, s: dict[str, Any] | None) -> bool:
     pin = s.get("pinned") or {}
     if pin.get("strict") and (pin.get("upstream_change_applied") or (
             pin.get("e2e_without_safeguards") or {}).get("status", "pass") != "pass"):
+        return False
+    if (s.get("train") or {}).get("status", "pass") not in ("pass", "not-run"):
         return False
     if level == "e2e":
         e2e = s.get("e2e") or {}
