@@ -139,12 +139,15 @@ def shim_stamp() -> dict[str, str | None]:
 
 def shim_revision() -> str | None:
     """The checkout's commit, ``+dirty`` when ``src/`` has uncommitted changes: the shim
-    code whose verdicts a record holds."""
+    code whose verdicts a record holds. The package's copy of the results (``PROVEN``),
+    which every save of a run rewrites, is output, not shim code."""
+    exclude = f":(exclude){PROVEN.relative_to(ROOT).as_posix()}"
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                               capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", exclude],
+                               cwd=ROOT, capture_output=True, text=True,
+                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+dirty" if dirty else "")
