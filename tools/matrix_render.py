@@ -20,9 +20,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import envs  # noqa: E402  (tools/envs.py, beside this file)
+import matrix_proven  # noqa: E402  (the package's copy of the results)
 
 #: GPU results written by ``tools/gpu_run.sh`` (docs/gpu.md), rendered as their own table.
 GPU_RESULTS = ROOT / "docs" / "results"
+#: The copy of the results the package ships (``speculators_compat._proven``).
+PROVEN = ROOT / "src" / "speculators_compat" / "_proven.json"
 
 _SHORT = {"applied": "applied", "not-needed": "·", "mismatch": "**mismatch**",
           "failed": "**failed**", "disabled": "disabled"}
@@ -65,11 +68,23 @@ def e2e_cell(r: dict[str, Any] | None) -> str:
     return f"**FAIL**{where}"
 
 
+def train_cell(t: dict[str, Any] | None) -> str:
+    """The training chain's cell: counts where it ran, ``= env`` where another env's
+    result stands for this one."""
+    if not t:
+        return "–"
+    if t.get("status") == "not-run":
+        return f"= {t['why'].rsplit(' the ', 1)[-1].removesuffix(' env')}"
+    text = f"{t.get('passed', 0)}/{t.get('failed', 0)}/{t.get('skipped', 0)}"
+    return text if t.get("status") == "pass" else f"**FAIL** {text}"
+
+
 def _revisions(rec: dict[str, Any]) -> str:
     """The shim commits the env's recorded parts ran with (doctor, contract, e2e)."""
     revs, unrecorded = set(), False
     for s in (rec.get("speculators") or {}).values():
-        parts = [s.get("doctor"), s.get("contract"), *(s.get("e2e") or {}).values()]
+        parts = [s.get("doctor"), s.get("contract"), s.get("train"),
+                 *(s.get("e2e") or {}).values()]
         for p in parts:
             if p and p.get("status") != "not-run":
                 if p.get("shim"):
@@ -96,6 +111,11 @@ def _verdict_cell(rec: dict[str, Any], adapter: str, specs: list[str]) -> str:
 
 
 # --------------------------------------------------------------------------- sections
+
+def render_proven(data: dict[str, Any], results: Path = GPU_RESULTS) -> str:
+    """The text of :data:`PROVEN` (``tools/matrix_proven.py``)."""
+    return matrix_proven.text(matrix_proven.proven(data, results, envs.SPECULATORS))
+
 
 def render(data: dict[str, Any]) -> str:
     """The whole page."""
@@ -127,7 +147,15 @@ def _intro(specs: list[str]) -> list[str]:
         "per-token cosine ≥ 0.99, max abs error ≤ 5% of the reference's max, every sequence "
         "returned in input order).",
         "- **contract** envs import and probe only (`doctor --json` and `tests/contract`): "
-        "PyPI's CUDA `vllm` for releases without a CPU build.",
+        "PyPI's CUDA `vllm` for releases without a CPU build. vLLM detects no platform "
+        "there, so the contract checks that build a config, KV cache or scheduler skip "
+        "(the skipped count; `CONTRACT_LEVEL_SKIPS` in `tools/envs.py` allows exactly "
+        "those); everything else must pass.",
+        "- Each row names the shim commit it ran at. "
+        "`tests/unit/test_support_matrix_fresh.py` fails once adapter code changed after "
+        "that commit; `python3 tools/matrix.py run` at the new commit records it again. "
+        "`doctor` reads the same results (a copy in the package) to say whether the "
+        "installed vLLM was proven here, and at which level.",
         f"- CI (`.ci/run` → `tools/envs.py test`) runs the full suites in the "
         f"{' and '.join(envs.CI_VERSIONS)} envs × speculators {' and '.join(specs)}; see "
         "[contributing.md](contributing.md#support-matrix-toolsmatrixpy).",
@@ -154,23 +182,30 @@ def _environments(recs: list[dict[str, Any]]) -> list[str]:
 
 def _results(recs: list[dict[str, Any]], specs: list[str]) -> list[str]:
     out = ["", "## Results", "",
-           "Per env × speculators: end-to-end runs, `tests/contract` (passed/failed/skipped) "
-           "and the range check (an adapter that applies must do so inside its declared "
-           "vLLM range). `n/a`: not run, see the notes.", "",
+           "Per env × speculators: end-to-end runs, `tests/contract` (passed/failed/skipped), "
+           "the range check (an adapter that applies must do so inside its declared "
+           "vLLM range) and the training chain (`tests/e2e/test_offline_script.py`: "
+           "speculators' offline generation, then an EAGLE-3 draft trained one step on its "
+           "files, saved and reloaded exactly; passed/failed/skipped), run once per "
+           "transformers version in the newest e2e env that has it (`tools/matrix_train.py`; "
+           "`= env`: that env's result stands for this one). `n/a`: not run, see the notes.",
+           "",
            "| env | speculators | Llama e2e | DeepSeek-V3 e2e | contract tests | "
-           "range check |",
-           "|---|---|---|---|---|---|"]
+           "range check | training chain | shim commit |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in recs:
         for spec in specs:
             s = r.get("speculators", {}).get(spec)
             if s is None:
                 continue
             doc = s.get("doctor") or {}
+            rev = _revisions({"speculators": {spec: s}})
             if doc.get("supported") is False:
-                out.append(f"| {r['env']} | {spec} | refused | refused | – | – |")
+                out.append(f"| {r['env']} | {spec} | refused | refused | – | – | – | {rev} |")
                 continue
             if doc.get("supported") is None:
-                out.append(f"| {r['env']} | {spec} | **doctor failed** | – | – | – |")
+                out.append(f"| {r['env']} | {spec} | **doctor failed** | – | – | – | – | "
+                           f"{rev} |")
                 continue
             e = s.get("e2e") or {}
             c = s.get("contract")
@@ -182,7 +217,8 @@ def _results(recs: list[dict[str, Any]], specs: list[str]) -> list[str]:
                                             "**" + ", ".join(d["adapter"] for d in dis) +
                                             " outside range**")
             out.append(f"| {r['env']} | {spec} | {e2e_cell(e.get('llama'))} | "
-                       f"{e2e_cell(e.get('deepseek_v3'))} | {ctext} | {rtext} |")
+                       f"{e2e_cell(e.get('deepseek_v3'))} | {ctext} | {rtext} | "
+                       f"{train_cell(s.get('train'))} | {rev} |")
     return out
 
 
@@ -337,13 +373,16 @@ def _problems(recs: list[dict[str, Any]]) -> list[str]:
                              if e.get("root_cause") else "")
                     notes.append(f"- {where}, {kind}: failed{step}: "
                                  f"{code(e.get('error'))}{cause}")
-            grouped: dict[str, list[str]] = {}
-            for f in (s.get("contract") or {}).get("failures") or []:
-                test, _, msg = f.partition(": ")
-                grouped.setdefault(msg, []).append(test)
-            for msg, tests in grouped.items():
-                which = tests[0] if len(tests) == 1 else f"{len(tests)} tests ({tests[0]}, …)"
-                notes.append(f"- {where}, tests/contract: {which}: {code(short(msg, 400))}")
+            for kind, suite in (("tests/contract", s.get("contract")),
+                                ("training chain", s.get("train"))):
+                grouped: dict[str, list[str]] = {}
+                for f in (suite or {}).get("failures") or []:
+                    test, _, msg = f.partition(": ")
+                    grouped.setdefault(msg, []).append(test)
+                for msg, tests in grouped.items():
+                    which = (tests[0] if len(tests) == 1
+                             else f"{len(tests)} tests ({tests[0]}, …)")
+                    notes.append(f"- {where}, {kind}: {which}: {code(short(msg, 400))}")
     return notes
 
 

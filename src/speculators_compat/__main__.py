@@ -1,9 +1,10 @@
 """Command line: ``speculators-compat doctor | run | demo | check-draft`` (also
 ``python -m speculators_compat``).
 
-* ``doctor [--json]``: versions, plugin registration, and each adapter's verdict and
-  reason. It probes in its own short-lived process and reverts everything before it
-  exits: nothing in any other process changes.
+* ``doctor [--json]``: versions, whether the support matrix proved this vLLM release
+  (and at which level; else the newest proven one), plugin registration, and each
+  adapter's verdict and reason. It probes in its own short-lived process and reverts
+  everything before it exits: nothing in any other process changes.
 * ``run SCRIPT [ARGS...]`` / ``run -m MODULE [ARGS...]``: activate, then run the user's
   script unchanged as ``__main__`` with its own argv (like ``ddtrace-run``), so an
   existing data-generation command works by prefixing it. Every Python process it
@@ -26,7 +27,7 @@ import runpy
 import sys
 from importlib import metadata
 
-from . import _env, _versions
+from . import _env, _proven, _versions
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "speculators_compat"
@@ -73,12 +74,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     try:
         report = ACTIVATION.activate(strict=False)
     except UnsupportedError as exc:
+        versions = _versions.snapshot()
+        proven = _proven.verdict(versions["vllm"], versions["speculators"])
         if args.json:
-            print(json.dumps({"supported": False, "error": str(exc),
-                              "versions": _versions.snapshot(), "plugin": plugin_status()},
-                             indent=2))
+            print(json.dumps({"supported": False, "error": str(exc), "versions": versions,
+                              "proven": proven, "plugin": plugin_status()}, indent=2))
         else:
             print(f"unsupported: {exc}")
+            print(f"support matrix: {proven['text']}")
         return 2
     data = report.as_dict()
     if not previously_active:
@@ -99,6 +102,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for name in ("vllm", "speculators", "torch", "transformers"):
         extra = f" ({data['vllm_distribution']})" if name == "vllm" and v[name] else ""
         print(f"  {name:<13} {v[name] or 'not installed'}{extra}")
+    print(f"support matrix: {data['proven']['text']}")
     print(f"plugin: {data['plugin']['note']}")
     print(f"bootstrap: {data['bootstrap']['note']} ({data['bootstrap']['directory']})")
     print("adapters (verdicts from a dry run in this process; nothing else changed):")

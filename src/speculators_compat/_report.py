@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import _proven
 from ._files import write_text_atomic
 
 
@@ -125,11 +126,16 @@ class Report:
             "pid": self.pid,
             "strict": self.strict,
             "versions": dict(self.versions),
+            "proven": self.proven(),
             "adapters": [r.as_dict() for r in self.results],
         }
         if self.data:
             d["data"] = dict(self.data)
         return d
+
+    def proven(self) -> dict[str, Any]:
+        """What the support matrix proved for this vLLM and speculators (``_proven``)."""
+        return _proven.verdict(self.versions.get("vllm"), self.versions.get("speculators"))
 
     def to_json(self, path: str | os.PathLike[str] | None = None, **kw: Any) -> str:
         """The report as JSON; also written to ``path`` if given (provenance beside data)."""
@@ -147,7 +153,8 @@ class Report:
         by_kind = "; ".join(f"{k.value}: {', '.join(names)}" for k in Kind
                             if (names := self.applied_of(k)))
         return (f"speculators-compat {v.get('speculators_compat')} active in {self.process} "
-                f"pid {self.pid} (vllm {v.get('vllm')}, speculators {v.get('speculators')}): "
+                f"pid {self.pid} (vllm {v.get('vllm')}, speculators {v.get('speculators')}; "
+                f"{_proven.short(v.get('vllm'), v.get('speculators'))}): "
                 f"{parts}; applied: {by_kind or 'none'}")
 
     def table(self, status_text: dict[Status, str] | None = None) -> list[str]:

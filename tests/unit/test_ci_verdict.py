@@ -13,11 +13,11 @@ import envs  # noqa: E402
 REQUIRE = {"tests/contract": 2, "tests/e2e": 1}
 
 
-def junit(tmp_path: Path, cases: list[tuple[str, str, str]]) -> Path:
+def junit(tmp_path: Path, cases: list[tuple[str, str, str]], why: str = "why") -> Path:
     """cases: (classname, name, outcome) with outcome passed/skipped/failed."""
     body = []
     for cls, name, outcome in cases:
-        inner = {"passed": "", "skipped": '<skipped message="why"/>',
+        inner = {"passed": "", "skipped": f'<skipped message="{why}"/>',
                  "failed": '<failure message="boom"/>'}[outcome]
         body.append(f'<testcase classname="{cls}" name="{name}">{inner}</testcase>')
     path = tmp_path / "j.xml"
@@ -118,3 +118,32 @@ def test_combinations_all_counted_with_lanes(monkeypatch):
     seen.clear()
     envs.run_combinations(combos, 1, ["tests/e2e"], [])
     assert [p for _, p in seen] == [None] * 3  # one by one: output passes through
+
+
+NO_PLATFORM = (envs.NO_PLATFORM_SKIP + " (CUDA build, no GPU): configs, KV caches and "
+               "schedulers cannot be built")
+
+
+def test_contract_level_skips_only_in_contract_envs(tmp_path):
+    """A CUDA-build env (level contract) passes with its no-platform skips; the same skips
+    fail a CPU-build env, another reason fails, and a test off the list fails."""
+    assert envs.RECIPES["0.34.0"].level == "contract"
+    listed = ("tests.contract.adapters.test_scheduler_block_size", "test_legacy_call_shape",
+              "skipped")
+    path = junit(tmp_path, [*GOOD, listed], why=NO_PLATFORM)
+    assert envs.junit_verdict(path, "0.34.0", "0.4.0.1", REQUIRE)[1] == []
+    assert len(envs.junit_verdict(path, "0.32.0", "0.4.0.1", REQUIRE)[1]) == 1
+    other_reason = junit(tmp_path, [*GOOD, listed], why="something else")
+    assert len(envs.junit_verdict(other_reason, "0.34.0", "0.4.0.1", REQUIRE)[1]) == 1
+    off_list = ("tests.contract.adapters.test_scheduler_block_size",
+                "test_probe_agrees_with_release", "skipped")
+    path = junit(tmp_path, [*GOOD, off_list], why=NO_PLATFORM)
+    assert len(envs.junit_verdict(path, "0.34.0", "0.4.0.1", REQUIRE)[1]) == 1
+
+
+def test_contract_level_skips_name_tests_that_exist():
+    """Every listed id is a test function of the contract suite (a renamed test would
+    otherwise leave an entry that allows nothing and hide nothing)."""
+    for tid in envs.CONTRACT_LEVEL_SKIPS:
+        path, name = tid.split("::")
+        assert f"def {name}(" in (ROOT / path).read_text(), tid

@@ -16,6 +16,7 @@ import inspect
 
 from ..support import (
     BY_NAME,
+    MAX_MODEL_LEN,
     build_vllm_config,
     drive_like_speculators_04,
     kv_config_for,
@@ -55,9 +56,16 @@ def test_condition_reads_vllms_config():
 
 
 def test_scheduler_runs_requests_without_a_hasher(base):
+    import vllm.config as vc
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    cfg = resolved_config(max_num_batched_tokens=64)
+    from speculators_compat.adapters.scheduler_prefill_only import chunked_prefill_by_default
+
+    # A step budget below the prompts' total (chunked prompts), where vLLM allows one: on
+    # 0.11.x chunked prefill is off unless asked, and its config refuses a budget below
+    # max_model_len (speculators 0.3.0, the only release that runs there, never asks).
+    budget = 64 if chunked_prefill_by_default(vc.SchedulerConfig) else MAX_MODEL_LEN
+    cfg = resolved_config(max_num_batched_tokens=budget)
     sched = new_scheduler(Scheduler, cfg, kv_config_for(cfg))
     lens = {"req_0_0": 40, "req_0_1": 70, "req_0_2": 9}
     for rid, n in lens.items():

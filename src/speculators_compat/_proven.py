@@ -1,0 +1,113 @@
+"""Whether the installed vLLM is a release the support matrix proved, and how far.
+
+Why: "version-detected" adapters make the shim run on releases nobody tried; a user
+should see at once whether theirs was run end to end, only probed, or never, and which
+release was proven last. ``_proven.json`` beside this module is a copy of the matrix's
+results (docs/support-matrix.json and the GPU result files), written by the matrix
+renderer (``tools/matrix_render.py``); a unit test keeps it current. Only the standard
+library and ``packaging`` are imported: ``doctor`` and every report use this.
+
+Levels, best first: ``gpu`` (vLLM's CUDA build on a GPU, speculators' generator compared
+with transformers), ``cpu-e2e`` (a vLLM CPU build, the same comparison on CPU),
+``contract`` (PyPI's CUDA build on a machine without a GPU: imports and probes only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from typing import Any
+
+from . import _versions
+
+FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_proven.json")
+LEVELS = ("gpu", "cpu-e2e", "contract")
+LEVEL_TEXT = {"gpu": "GPU", "cpu-e2e": "CPU e2e", "contract": "contract: probes only"}
+
+
+@cache
+def releases() -> dict[str, dict[str, Any]]:
+    """vLLM release (public version) -> level -> {speculators, recorded, shim}."""
+    try:
+        with open(FILE, encoding="utf-8") as f:
+            return json.load(f).get("releases") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _public(version: str | None) -> str | None:
+    v = _versions.parse(version)
+    return None if v is None else v.public
+
+
+def _best(levels: dict[str, Any], speculators: str | None = None) -> str | None:
+    """The best level of a release (for ``speculators``, when given)."""
+    for level in LEVELS:
+        entry = levels.get(level)
+        if entry and (speculators is None or speculators in entry.get("speculators", ())):
+            return level
+    return None
+
+
+def newest(end_to_end: bool = False) -> tuple[str, str] | None:
+    """(release, best level) of the newest proven release (run end to end, if asked)."""
+    found = []
+    for release, levels in releases().items():
+        level = _best({k: v for k, v in levels.items() if not end_to_end or k != "contract"})
+        v = _versions.parse(release)
+        if level and v is not None:
+            found.append((v, release, level))
+    return max(found)[1:] if found else None
+
+
+def verdict(vllm: str | None, speculators: str | None) -> dict[str, Any]:
+    """What the matrix proved for this vLLM (and speculators) release."""
+    release = _public(vllm)
+    levels = releases().get(release or "") or {}
+    spec = _public(speculators)
+    level = _best(levels, spec) if spec else _best(levels)
+    out: dict[str, Any] = {"vllm": release, "proven": level is not None, "level": level}
+    if level:
+        out.update(levels[level])
+    elif levels:  # proven, but not with the installed speculators release
+        out["other_speculators"] = sorted({s for e in levels.values()
+                                           for s in e.get("speculators", ())})
+    if not level or level == "contract":
+        top, e2e = newest(), newest(end_to_end=True)
+        out["newest_proven"] = {"vllm": top[0], "level": top[1]} if top else None
+        out["newest_end_to_end"] = {"vllm": e2e[0], "level": e2e[1]} if e2e else None
+    out["text"] = _text(out, spec)
+    return out
+
+
+def _text(v: dict[str, Any], speculators: str | None) -> str:
+    def named(entry: dict[str, Any] | None) -> str:
+        return f"{entry['vllm']} ({LEVEL_TEXT[entry['level']]})" if entry else "none"
+
+    if v["vllm"] is None:
+        return "vLLM is not installed"
+    if v["proven"]:
+        specs = ", ".join(v.get("speculators") or ())
+        text = (f"vLLM {v['vllm']} is proven by the support matrix: "
+                f"{LEVEL_TEXT[v['level']]} (speculators {specs}; recorded {v.get('recorded')}"
+                f" at shim commit {v.get('shim')})")
+        if v["level"] == "contract":
+            text += f"; newest run end to end: {named(v.get('newest_end_to_end'))}"
+        return text
+    if v.get("other_speculators"):
+        return (f"vLLM {v['vllm']} was proven by the support matrix only with speculators "
+                f"{', '.join(v['other_speculators'])}, not {speculators}")
+    return (f"vLLM {v['vllm']} is not a release the support matrix proved; newest proven: "
+            f"{named(v.get('newest_proven'))}; newest run end to end: "
+            f"{named(v.get('newest_end_to_end'))}")
+
+
+def short(vllm: str | None, speculators: str | None) -> str:
+    """A few words for the report's summary line."""
+    v = verdict(vllm, speculators)
+    if v["proven"]:
+        return f"matrix: proven, {LEVEL_TEXT[v['level']]}"
+    top = v.get("newest_proven")
+    return ("matrix: not proven" + (f" (newest proven: {top['vllm']}, "
+                                    f"{LEVEL_TEXT[top['level']]})" if top else ""))

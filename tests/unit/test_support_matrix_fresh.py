@@ -1,0 +1,158 @@
+"""The support matrix's records describe today's adapter code (``tools/matrix_fresh.py``).
+
+The first test is the check itself, on docs/support-matrix.json: it fails once an adapter
+(or a module adapters use) changed after the commit a record was made at, and names the
+re-run. The others run the check on throwaway git repositories: what counts as adapter
+code, a change after the record (stale), a change elsewhere (current), uncommitted
+changes, a commit the history lacks, and a shallow clone or a checkout without git,
+where the digest recorded with each result decides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import matrix_fresh  # noqa: E402
+
+PKG = "src/speculators_compat"
+
+
+def test_recorded_results_describe_todays_adapter_code():
+    verdict = matrix_fresh.check(json.loads(matrix_fresh.RESULTS.read_text()))
+    assert not verdict.stale, verdict.message()
+    if verdict.unverified:
+        pytest.skip(verdict.message())
+    assert verdict.checked > 0
+
+
+def test_adapter_code_of_this_package():
+    paths = set(matrix_fresh.adapter_paths())
+    assert f"{PKG}/adapters/hook_capture.py" in paths
+    assert f"{PKG}/_patcher.py" in paths  # imported by adapters
+    assert f"{PKG}/worker_extension.py" in paths  # named by a dotted path in adapters/_shared
+    assert f"{PKG}/_capture.py" in paths  # imported by worker_extension
+    assert f"{PKG}/__main__.py" not in paths
+    assert not any(p.startswith(f"{PKG}/demo/") for p in paths)
+
+
+# --------------------------------------------------------------------------- throwaway repos
+
+def git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(repo), "-c", "commit.gpgsign=false", *args],
+                          check=True, capture_output=True, text=True, env=env).stdout.strip()
+
+
+def write(repo: Path, rel: str, text: str) -> None:
+    path = repo / PKG / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def commit(repo: Path, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "--short=12", "HEAD")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A package: one adapter importing a helper and naming a worker module by its
+    dotted path, and modules no adapter reaches (the CLI, a demo)."""
+    r = tmp_path / "repo"
+    r.mkdir()
+    git(r, "init", "-q")
+    write(r, "__init__.py", "")
+    write(r, "__main__.py", "print('cli')\n")
+    write(r, "_helper.py", "X = 1\n")
+    write(r, "worker.py", "Y = 1\n")
+    write(r, "demo/__init__.py", "")
+    write(r, "adapters/__init__.py", "from .one import One\n")
+    write(r, "adapters/one.py", "from .._helper import X\n"
+                                "EXT = 'speculators_compat.worker.Ext'\nclass One: ...\n")
+    commit(r, "first")
+    return r
+
+
+def results(shim: str, digest: str | None = None) -> dict:
+    part = {"shim": shim, **({"shim_src": digest} if digest else {})}
+    return {"envs": {"0.32.0": {"speculators": {"0.4.0.1": {
+        "doctor": dict(part), "contract": dict(part),
+        "e2e": {"llama": dict(part), "deepseek_v3": {"status": "not-run", "why": "x"}}}}}}}
+
+
+def test_adapter_paths_follow_imports_and_dotted_names(repo):
+    assert matrix_fresh.adapter_paths(repo) == [
+        f"{PKG}/_helper.py", f"{PKG}/adapters/__init__.py", f"{PKG}/adapters/one.py",
+        f"{PKG}/worker.py"]
+
+
+def test_current_until_adapter_code_changes(repo):
+    first = git(repo, "rev-parse", "--short=12", "HEAD")
+    data = results(first)
+    assert matrix_fresh.check(data, repo).stale == []
+    write(repo, "__main__.py", "print('changed cli')\n")
+    write(repo, "demo/__init__.py", "# changed\n")
+    commit(repo, "cli and demo only")
+    assert matrix_fresh.check(data, repo).stale == []
+    for rel in ("_helper.py", "worker.py"):  # imported; named by a dotted path
+        write(repo, rel, "CHANGED = 1\n")
+        last = commit(repo, f"change {rel}")
+        verdict = matrix_fresh.check(data, repo)
+        assert len(verdict.stale) == 1 and first in verdict.stale[0], verdict.stale
+        assert f"{PKG}/{rel}" in verdict.stale[0] and last[:7] in verdict.stale[0]
+        assert matrix_fresh.check(results(last), repo).stale == []  # re-recorded
+        assert "tools/matrix.py run" in verdict.message()
+
+
+def test_unrecorded_and_unknown_commits_are_stale(repo):
+    assert matrix_fresh.check(results(""), repo).stale  # no commit recorded
+    verdict = matrix_fresh.check(results("0123456789ab"), repo)
+    assert "does not have" in verdict.stale[0]
+
+
+def test_dirty_record_holds_only_with_todays_digest(repo):
+    head = git(repo, "rev-parse", "--short=12", "HEAD")
+    digest = matrix_fresh.source_digest(repo)
+    assert matrix_fresh.check(results(head + "+dirty", digest), repo).stale == []
+    assert matrix_fresh.check(results(head + "+dirty", "sha256:other"), repo).stale
+    assert matrix_fresh.check(results(head + "+dirty"), repo).stale
+
+
+def test_shallow_clone_uses_the_digest(repo, tmp_path):
+    old = git(repo, "rev-parse", "--short=12", "HEAD")
+    old_digest = matrix_fresh.source_digest(repo)
+    write(repo, "__main__.py", "print('later')\n")
+    commit(repo, "later, cli only")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{repo}", str(clone)],
+                   check=True, capture_output=True)
+    # the record's commit is not in the shallow history: the digest decides
+    verdict = matrix_fresh.check(results(old, old_digest), clone)
+    assert verdict.stale == [] and verdict.unverified == []
+    write(clone, "_helper.py", "CHANGED = 1\n")
+    verdict = matrix_fresh.check(results(old, old_digest), clone)
+    assert len(verdict.stale) == 1 and "shallow clone" in verdict.stale[0]
+    verdict = matrix_fresh.check(results(old), clone)  # no digest: said, not passed
+    assert verdict.stale == [] and "git fetch --unshallow" in verdict.unverified[0]
+
+
+def test_without_git_the_digest_decides(repo, tmp_path):
+    head = git(repo, "rev-parse", "--short=12", "HEAD")
+    digest = matrix_fresh.source_digest(repo)
+    plain = tmp_path / "plain"
+    shutil.copytree(repo, plain, ignore=shutil.ignore_patterns(".git"))
+    assert matrix_fresh.check(results(head, digest), plain).stale == []
+    write(plain, "adapters/one.py", "CHANGED = 1\n")
+    assert "not a git checkout" in matrix_fresh.check(results(head, digest), plain).stale[0]
+    assert matrix_fresh.check(results(head), plain).unverified
