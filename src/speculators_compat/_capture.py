@@ -30,6 +30,7 @@ dropped), and it refuses any other gap or overlap rather than mislabel rows.
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -76,6 +77,10 @@ def _v1_runner_hint(lead: str = " Start") -> str:
     return f"{lead} with VLLM_USE_V2_MODEL_RUNNER=0."
 
 
+#: vLLM's DeepSeek fp16 guard, as its decoder layers spell it.
+_FP16_GUARD = re.compile(r"\b1\.0* / self\.routed_scaling_factor\b")
+
+
 def fp16_unscale_factor(layer: Any) -> float:
     """Factor that undoes a layer's fp16 overflow guard, 1.0 if it has none.
 
@@ -105,7 +110,7 @@ def fp16_unscale_factor(layer: Any) -> float:
             f"speculators-compat: cannot read the source of {name} ({exc}), so the capture "
             f"cannot tell whether its float16 outputs are scaled by 1/routed_scaling_factor "
             f"({factor}); install vLLM with its .py sources, or run in bfloat16.") from exc
-    if "1.0 / self.routed_scaling_factor" in src:
+    if _FP16_GUARD.search(src):  # `1.0 / self.routed_scaling_factor` (0.12+), `1. /` (0.11)
         return float(factor)
     if "routed_scaling_factor" in src and fp16:
         raise CompatError(

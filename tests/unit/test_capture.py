@@ -268,3 +268,29 @@ def test_scheduled_positions_shapes():
     so.scheduled_cached_reqs.num_computed_tokens = [2, 3]
     with pytest.raises(CompatError, match="1 cached requests but 2"):
         scheduled_positions(so)
+
+
+@pytest.mark.parametrize("spelling", ["1.0 / self.routed_scaling_factor",
+                                      "1. / self.routed_scaling_factor"])
+def test_fp16_guard_is_read_in_both_of_vllms_spellings(spelling, tmp_path):
+    """vLLM's DeepSeek layers scale fp16 outputs by ``1.0 / ...`` (0.12+) or ``1. / ...``
+    (0.11): both mean the capture must multiply back by ``routed_scaling_factor``."""
+    import importlib.util
+
+    from speculators_compat._capture import fp16_unscale_factor
+
+    source = tmp_path / "fp16_layer.py"
+    source.write_text(
+        "import torch\n\n\n"
+        "class Layer(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.routed_scaling_factor = 2.5\n"
+        "        self.w = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))\n\n"
+        "    def forward(self, hidden_states):\n"
+        f"        hidden_states *= {spelling}\n"
+        "        return hidden_states\n")
+    spec = importlib.util.spec_from_file_location("fp16_layer", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert fp16_unscale_factor(module.Layer()) == 2.5
