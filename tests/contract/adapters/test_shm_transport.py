@@ -27,7 +27,7 @@ def test_legacy_call_shape(base, vllm_config):
 def legacy_call_shape(base, gen, cfg, adapter):
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-    from speculators_compat import _transport
+    from speculators_compat.transport import wire
     from speculators_compat.adapters.collective_rpc_unique_reply import returns_single_result
     from speculators_compat.adapters.shm_transport import (
         CAPTURED_STATES_RPC,
@@ -38,7 +38,7 @@ def legacy_call_shape(base, gen, cfg, adapter):
     src = inspect.getsource(gen)
     assert f'"{CAPTURED_STATES_RPC}",\n            unique_reply_rank=0' in src
     assert f'self.executor.collective_rpc("{RESET_CAPTURE_RPC}")' in src
-    assert _transport.unavailable_reason() is None  # Linux CI: memfd + /proc/<pid>/fd
+    assert wire.unavailable_reason() is None  # Linux CI: memfd + /proc/<pid>/fd
     single = returns_single_result(MultiprocExecutor)
     init = gen.VllmHiddenStatesGenerator.__init__
     with one(base, adapter) as applied:
@@ -77,19 +77,24 @@ def test_zero_copy_follows_speculators_own_clone(base, monkeypatch):
 
 
 def test_transport_copy_threads_default_and_bounds(monkeypatch):
-    """The transport's own copies run on up to 16 threads (measured faster than 8 on the
-    H200), never more than the CPUs, and the variable overrides the default."""
+    """The capturing worker's copies from staging into the region run on
+    ``SPECULATORS_COMPAT_COPY_THREADS`` threads (default 4), never more than the CPUs and
+    never fewer than one; the adapter names the same variable."""
     import os
 
     from speculators_compat.adapters import shm_transport
+    from speculators_compat.transport import copies
 
-    monkeypatch.delenv(shm_transport.COPY_THREADS_ENV, raising=False)
+    assert shm_transport.COPY_THREADS_ENV == copies.COPY_THREADS_ENV
+    monkeypatch.delenv(copies.COPY_THREADS_ENV, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    assert shm_transport.transport_copy_threads() == 16
+    assert copies.copy_threads() == copies.DEFAULT_THREADS == 4
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert shm_transport.transport_copy_threads() == 2
+    assert copies.copy_threads() == 2
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    monkeypatch.setenv(shm_transport.COPY_THREADS_ENV, "4")
-    assert shm_transport.transport_copy_threads() == 4
-    monkeypatch.setenv(shm_transport.COPY_THREADS_ENV, "0")
-    assert shm_transport.transport_copy_threads() == 1
+    monkeypatch.setenv(copies.COPY_THREADS_ENV, "16")
+    assert copies.copy_threads() == 16
+    monkeypatch.setenv(copies.COPY_THREADS_ENV, "0")
+    assert copies.copy_threads() == 1
+    monkeypatch.setenv(copies.COPY_THREADS_ENV, "many")
+    assert copies.copy_threads() == copies.DEFAULT_THREADS
