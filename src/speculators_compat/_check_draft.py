@@ -7,7 +7,10 @@ n-4``; a draft trained on speculators 0.3/0.4's default capture (layers ``2, n//
 then runs one layer off with no error (:mod:`speculators_compat._draft_layers`). This
 reads the draft's ``config.json`` the way vLLM does, the target's layer count from the
 verifier it names (or ``--target``), and the data folder's layer metadata
-(``--data``), and says what vLLM will feed. No torch, transformers or vLLM import.
+(``--data``), and says what vLLM will feed. No torch, transformers or vLLM import: where
+vLLM is installed, its speculators-format loader is read as text to learn whether it
+passes the draft's layer ids on at all (vLLM 0.11's does not: it feeds every EAGLE-3
+draft its default layers).
 
 Exit status: 0 when vLLM feeds the layers the data holds (or the config names layers
 and there is no data to compare with), 1 when it does not or cannot be confirmed (the
@@ -16,6 +19,7 @@ config names none), 2 when the folder holds no readable draft config.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from typing import Any
@@ -23,6 +27,31 @@ from typing import Any
 from . import _draft_layers as dl
 
 OK, MISMATCH, ERROR = 0, 1, 2
+
+
+#: vLLM's loader of speculators-format draft configs, below the package's folder.
+_LOADER = os.path.join("transformers_utils", "configs", "speculators", "algos.py")
+
+
+def vllm_reads_named_layers(vllm_dir: str | None = None) -> bool | None:
+    """Whether the installed vLLM's speculators-format loader passes a draft's
+    ``eagle_aux_hidden_state_layer_ids`` on (0.12+), ``False`` where it drops them (0.11),
+    ``None`` where vLLM or its loader is not found. Reads the loader's source without
+    importing vLLM (``find_spec`` of a top-level package only locates it)."""
+    if vllm_dir is None:
+        try:
+            spec = importlib.util.find_spec("vllm")
+        except (ImportError, ValueError):
+            return None
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        if not locations:
+            return None
+        vllm_dir = locations[0]
+    try:
+        with open(os.path.join(vllm_dir, _LOADER), encoding="utf-8") as f:
+            return dl.FIELD in f.read()
+    except OSError:
+        return None
 
 
 def _target_layers(config: dict[str, Any], target: str | None,
@@ -61,10 +90,13 @@ def check(draft: str, data: str | None = None, target: str | None = None) -> dic
         lookup = dl.for_dirs([folder])
     trained = lookup.layers if lookup is not None else None
     named = dl.named_layers(config)
+    reads_named = vllm_reads_named_layers()
     n, n_from = _target_layers(config, target, trained)
-    feeds = named or (dl.vllm_default(n) if n is not None else None)
+    feeds = (named if reads_named is not False else None) or (
+        dl.vllm_default(n) if n is not None else None)
     result: dict[str, Any] = {
         "draft": draft, "config": path, "named": list(named) if named else None,
+        "vllm_reads_named": reads_named,
         "num_hidden_layers": n, "num_hidden_layers_from": n_from,
         "vllm_feeds": list(feeds) if feeds else None,
         "vllm_feeds_outputs_of": list(dl.speculators_ids(feeds)) if feeds else None,
@@ -78,7 +110,7 @@ def check(draft: str, data: str | None = None, target: str | None = None) -> dic
         result.update(status="match" if match else "mismatch", exit=OK if match else MISMATCH)
     elif trained is not None:
         result.update(status="unknown", exit=MISMATCH)  # names none, target size unknown
-    elif named:
+    elif named and reads_named is not False:
         result.update(status="named", exit=OK)
     else:
         result.update(status="default", exit=MISMATCH)
@@ -90,7 +122,13 @@ def lines(r: dict[str, Any]) -> list[str]:
     if r["status"] == "error":
         return [f"error: {r['message']}"]
     out = [f"draft: {r['draft']}"]
-    if r["named"]:
+    ignored = r["named"] and r.get("vllm_reads_named") is False
+    if ignored:
+        out.append(f"config.json names {r['named']}, but the installed vLLM's speculators-format "
+                   f"loader drops {dl.FIELD} (vLLM 0.11): it feeds its default (2, n//2, n-3)"
+                   + (f", {r['vllm_feeds']}: the outputs of target layers "
+                      f"{r['vllm_feeds_outputs_of']}" if r["vllm_feeds"] else ""))
+    elif r["named"]:
         out.append(f"vLLM feeds auxiliary hidden states {r['named']} (named in config.json): "
                    f"the outputs of target layers {r['vllm_feeds_outputs_of']}")
     elif r["vllm_feeds"]:
@@ -109,6 +147,8 @@ def lines(r: dict[str, Any]) -> list[str]:
             out.append(f"training data: {r['data']}: {r['data_reason']}")
     fix = (f"set \"{dl.FIELD}\": {r['expected']} in {r['config']}" if r["expected"] else
            f"set \"{dl.FIELD}\" in {r['config']} to the layers the training data holds + 1")
+    if ignored:
+        fix = f"serve with vLLM 0.12 or newer, whose loader reads {dl.FIELD}"
     verdicts = {
         "match": "OK: vLLM feeds the draft the layers it was trained on",
         "mismatch": f"MISMATCH: vLLM feeds other layers than the draft was trained on; {fix}",

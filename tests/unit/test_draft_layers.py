@@ -276,3 +276,31 @@ def test_check_draft_command(tmp_path, capsys):
     assert main(["check-draft", draft(tmp_path / "named", [3, 17, 30], tgt), "--data",
                  str(data), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "match"
+
+
+def test_check_draft_knows_a_vllm_that_drops_named_layers(tmp_path, monkeypatch):
+    """vLLM 0.11's speculators-format loader never passes the draft's layer ids on: a draft
+    naming its layers is still fed vLLM's default there, and check-draft says so."""
+    loader = tmp_path / "vllm" / _check_draft._LOADER
+    loader.parent.mkdir(parents=True)
+    loader.write_text("def update_eagle3(config_dict, vllm_config):\n"
+                      "    vllm_config['draft_vocab_size'] = config_dict.get('draft_vocab_size')\n")
+    assert _check_draft.vllm_reads_named_layers(str(tmp_path / "vllm")) is False
+    loader.write_text(loader.read_text() + f"    vllm_config[{FIELD!r}] = config_dict[{FIELD!r}]\n")
+    assert _check_draft.vllm_reads_named_layers(str(tmp_path / "vllm")) is True
+    assert _check_draft.vllm_reads_named_layers(str(tmp_path / "elsewhere")) is None
+
+    tgt = target(tmp_path / "target")
+    data = tmp_path / "data"
+    data.mkdir()
+    data_config(data, LAYERS)
+    named = draft(tmp_path / "named", [3, 17, 30], tgt)
+    monkeypatch.setattr(_check_draft, "vllm_reads_named_layers", lambda: False)
+    r = _check_draft.check(named, str(data))
+    assert (r["status"], r["exit"]) == ("mismatch", 1)
+    assert r["vllm_feeds"] == [2, 16, 29]
+    text = "\n".join(_check_draft.lines(r))
+    assert "loader drops" in text and "serve with vLLM 0.12 or newer" in text
+    assert _check_draft.check(named)["status"] == "default"
+    monkeypatch.setattr(_check_draft, "vllm_reads_named_layers", lambda: None)
+    assert _check_draft.check(named, str(data))["status"] == "match"
