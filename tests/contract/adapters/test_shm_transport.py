@@ -27,12 +27,12 @@ def test_legacy_call_shape(base, vllm_config):
 def legacy_call_shape(base, gen, cfg, adapter):
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-    from speculators_compat.transport import wire
     from speculators_compat.adapters.collective_rpc_unique_reply import returns_single_result
     from speculators_compat.adapters.shm_transport import (
         CAPTURED_STATES_RPC,
         RESET_CAPTURE_RPC,
     )
+    from speculators_compat.transport import wire
 
     # The calls it answers, as speculators makes them.
     src = inspect.getsource(gen)
