@@ -85,10 +85,17 @@ def test_premises_on_the_installed_releases(base):
 
 
 @pytest.fixture
-def savable(base):
+def savable(base, monkeypatch):
     """speculators' configs save on transformers 5 only through their own adapter
     (``transformers5_config_validate``), and its data config asks a GPU-less torch for
-    a device name only through ``no_gpu_kv_sizing``; the shapes here are about the layers."""
+    a device name only through ``no_gpu_kv_sizing``; the shapes here are about the layers.
+    Where vLLM is a CUDA build on a machine without a GPU (the contract-level envs), that
+    adapter rightly stands aside (the generator cannot run there), so the device name is
+    speculators' own answer for no accelerator."""
+    if not torch.cuda.is_available():
+        config_generator = importlib.import_module("speculators.data_generation.config_generator")
+        if hasattr(config_generator, "get_device_name"):
+            monkeypatch.setattr(config_generator, "get_device_name", lambda idx: "NO ACCELERATOR")
     with activated(BY_NAME["transformers5_config_validate"], BY_NAME["no_gpu_kv_sizing"]):
         yield
 
