@@ -54,3 +54,14 @@ def test_paired_differences_and_fed_layers():
     # where the workers' attribute is not found, or the RPC failed: not a failure
     assert gs.fed({"aux_layers_in_use": [None]}, [3, 5, 6])
     assert gs.fed({"aux_layers_in_use": ["TypeError: ..."]}, [3, 5, 6])
+
+
+def test_phases_get_an_absolute_pythonpath(tmp_path, monkeypatch):
+    """Phases run in the work folder: a relative ``src`` there would import an installed
+    copy of the shim (or no speculators at all)."""
+    monkeypatch.chdir(tmp_path)
+    sep = gs.os.pathsep
+    got = gs.absolute_path_list(sep.join(["src", ".envs/speculators-0.4.0.1", "/root/site"]))
+    assert got.split(sep) == [str(tmp_path / "src"),
+                              str(tmp_path / ".envs/speculators-0.4.0.1"), "/root/site"]
+    assert gs.absolute_path_list("") == ""

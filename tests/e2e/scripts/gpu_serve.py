@@ -393,6 +393,14 @@ PHASES = {"target": phase_target, "generate": phase_generate, "native": phase_na
 
 
 # --------------------------------------------------------------------------- orchestration
+def absolute_path_list(value: str) -> str:
+    """``PYTHONPATH`` with its relative entries made absolute: each phase runs in the
+    work folder, where ``src`` or ``.envs/speculators-…`` would name nothing (the phase
+    would then import an installed copy, or fail to import speculators)."""
+    return os.pathsep.join(str(Path(p).resolve()) if p else p
+                           for p in value.split(os.pathsep)) if value else value
+
+
 def run_phases(a, work: Path, jobs: list[tuple[str, list[str], dict]], parallel: bool) -> dict:
     """Run ``(label, extra args, extra env)`` phases as child processes; their results."""
     logs = work / "logs"
@@ -401,6 +409,7 @@ def run_phases(a, work: Path, jobs: list[tuple[str, list[str], dict]], parallel:
     def start(label, extra, env_extra):
         env = dict(os.environ, **env_extra)
         env.pop("SPECULATORS_COMPAT_ACTIVE", None)
+        env["PYTHONPATH"] = absolute_path_list(env.get("PYTHONPATH", ""))
         cmd = [sys.executable, str(Path(__file__).resolve()), "--work", str(work),
                "--device", a.device, "--size", a.size, "--seed", str(a.seed),
                *(f"--set={x}" for x in a.set), *extra,
