@@ -145,8 +145,8 @@ if __name__ == "__main__":
     def killed_while_idle():
         idle = VllmHiddenStatesGenerator(a.model, layer_ids=LAYERS, max_model_len=128)
         # A first forward of a few tokens only kills vLLM's CPU worker with SIGILL on
-        # some Xeons with AMX (vLLM's own LLM too; 0.16 and 0.32 CPU builds, 3-token
-        # prompt, 2026-12-04): a batch of the size the other sections use, as users send.
+        # some Xeons (vLLM's own LLM too; 0.16 and 0.32 CPU builds, 3-token prompt,
+        # 2026-12-04): a batch of the size the other sections use, as users send.
         idle.generate(make_sequences(4, seed=10, min_len=12, max_len=12))
         proc = idle.executor.workers[0].proc
         os.kill(proc.pid, signal.SIGKILL)
