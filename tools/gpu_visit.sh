@@ -9,6 +9,9 @@
 #   - KV-cache pressure: generate.py --preempt, both releases (whole, exact, no preemption);
 #   - the serving check (tests/e2e/scripts/gpu_serve.py), where it exists;
 #   - real-shape models against vLLM's native extraction (gpu_models.py), GPU_VISIT_MODELS.
+# vLLM's LLM engines of these checks (not the generator's, which the shim sizes) take a
+# fixed KV cache (kv_cache_memory_bytes): vLLM's start-up profiling fails when another
+# process on the GPU frees memory meanwhile, which side by side is the rule.
 # $OUT gets visit.tar.xz (every JSON and summary), logs.tar.xz and summary.txt.
 #
 #   bash tools/gpu_visit.sh [PART...] [-- gpu_matrix.py arguments]
@@ -34,7 +37,7 @@ chain=$!
   for mode in plain active; do
     flag=(); [ $mode = active ] && flag=(--activate)
     PYTHONPATH="src:$site" timeout 240 python3 tests/e2e/scripts/llm_tokens.py \
-        --out "$res/untouched-$mode.json" --model "$ckpt" --gpu-mem 0.06 \
+        --out "$res/untouched-$mode.json" --model "$ckpt" --gpu-mem 0.06 --kv-gib 1 \
         "${flag[@]}" >"$logs/untouched-$mode.log" 2>&1
   done
 ) &
@@ -55,7 +58,7 @@ spec=$!
 if [ -f tests/e2e/scripts/gpu_serve.py ] && [ -z "${GPU_VISIT_NO_SERVE:-}" ]; then
   PYTHONPATH="src:/root/spec-0.4.0.1:$site" timeout $((deadline - 30)) \
       python3 tests/e2e/scripts/gpu_serve.py --out "$res/serve.json" --workdir /tmp/gpu-serve \
-      --phase-timeout 180 ${GPU_SERVE_ARGS:-} \
+      --phase-timeout 240 --set kv_gib=2 ${GPU_SERVE_ARGS:-} \
       >"$logs/serve.log" 2>&1 &
   serve=$!
 fi

@@ -336,9 +336,15 @@ def child_native(p: dict, matched: bool = False) -> dict:
     # process it starts stepping while requests still arrive (a first step of 2 of 11
     # requests, measured on CPU), so the steps would differ from the generator's.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    # The model runner the shim runs the generator with (hook_capture); the earlier native
-    # runs got it too (recorded in "workers"), now it is not left to vLLM's choice.
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    # The model runner the shim runs the generator with (hook_capture): V1 where it exists
+    # (recorded in "workers"), not left to vLLM's choice. vLLM 0.34 removed V1 and refuses
+    # any value but 1; there V2 runs both paths.
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is not None:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    else:
+        os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
     _cpu_inprocess_workaround()
     t = time.time()
     kw = _native_kwargs(p, build["path"], matched)

@@ -60,14 +60,14 @@ SIZES = {
                 num_attention_heads=8, num_key_value_heads=4, head_dim=64,
                 target_steps=800, target_batch=64, target_len=128, target_lr=1e-3,
                 train_seqs=512, seq_len=128, prompts=64, prompt_groups=8, max_tokens=64,
-                epochs=10, total_seq_len=2048, draft_lr=1e-3, gpu_mem=0.1,
+                epochs=10, total_seq_len=2048, draft_lr=1e-3, gpu_mem=0.1, kv_gib=None,
                 max_model_len=512, prompt_min=8, prompt_max=32,
                 min_rule_accuracy=0.9, min_acceptance=0.3),
     "cpu": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=8,
                 num_attention_heads=2, num_key_value_heads=1, head_dim=64,
                 target_steps=400, target_batch=16, target_len=64, target_lr=2e-3,
                 train_seqs=48, seq_len=64, prompts=8, prompt_groups=4, max_tokens=24,
-                epochs=3, total_seq_len=512, draft_lr=2e-3, gpu_mem=None,
+                epochs=3, total_seq_len=512, draft_lr=2e-3, gpu_mem=None, kv_gib=None,
                 max_model_len=256, prompt_min=6, prompt_max=16,
                 min_rule_accuracy=0.5, min_acceptance=0.05),
 }
@@ -214,6 +214,17 @@ def phase_generate(a, work: Path, s: dict) -> dict:
             "draft_aux_layers": report["draft_aux_layers"].status.value}
 
 
+def engine_memory(kw: dict, s: dict) -> None:
+    """The memory settings of this script's own ``LLM`` engines. ``kv_gib`` sets vLLM's
+    ``kv_cache_memory_bytes``: the KV cache is then not sized by profiling, whose check
+    fails when other processes on the same GPU free memory meanwhile (one device call
+    runs several checks side by side)."""
+    if s["gpu_mem"] is not None:
+        kw["gpu_memory_utilization"] = s["gpu_mem"]
+    if s.get("kv_gib") is not None:
+        kw["kv_cache_memory_bytes"] = int(float(s["kv_gib"]) * 2**30)
+
+
 def phase_native(a, work: Path, s: dict) -> dict:
     """vLLM's native extract_hidden_states of the same sequences: the draft's training
     data at ids ``layer + 1``; for the first sequences also vLLM's default ids (what it
@@ -233,8 +244,7 @@ def phase_native(a, work: Path, s: dict) -> dict:
     kw = dict(model=str(work / "target"), enforce_eager=True, enable_prefix_caching=False,
               enable_chunked_prefill=False, max_model_len=s["max_model_len"],
               dtype="bfloat16", seed=0)
-    if s["gpu_mem"] is not None:
-        kw["gpu_memory_utilization"] = s["gpu_mem"]
+    engine_memory(kw, s)
     t0 = time.perf_counter()
     llm, connector = gpu_bench.native_llm(kw, aux, work / "native-store")
     index = 0
@@ -355,8 +365,7 @@ def phase_serve(a, work: Path, s: dict) -> dict:
               dtype="bfloat16", seed=0, disable_log_stats=False,
               speculative_config={"model": str(work / a.draft), "method": "eagle3",
                                   "num_speculative_tokens": K})
-    if s["gpu_mem"] is not None:
-        kw["gpu_memory_utilization"] = s["gpu_mem"]
+    engine_memory(kw, s)
     # a function sent to the workers (which auxiliary layers they were set to) is pickled
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     t0 = time.perf_counter()

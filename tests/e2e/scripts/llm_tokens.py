@@ -1,7 +1,7 @@
 """vLLM's own ``LLM(...).generate`` with or without ``activate()``; report tokens and what
 the engine's (spawned) worker process says about activation.
 
-Usage: llm_tokens.py --out FILE --model PATH [--activate] [--gpu-mem FRACTION]
+Usage: llm_tokens.py --out FILE --model PATH [--activate] [--gpu-mem FRACTION] [--kv-gib GIB]
 """
 
 import argparse
@@ -15,6 +15,9 @@ if __name__ == "__main__":
     p.add_argument("--activate", action="store_true")
     p.add_argument("--gpu-mem", type=float, default=None,
                    help="gpu_memory_utilization (GPU runs that share the device)")
+    p.add_argument("--kv-gib", type=float, default=None,
+                   help="kv_cache_memory_bytes in GiB: no KV sizing by profiling, whose "
+                        "check fails when other processes on the GPU free memory meanwhile")
     a = p.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     # collective_rpc(<function>) crosses the engine-core boundary by pickle (test only).
@@ -36,6 +39,8 @@ if __name__ == "__main__":
     extra = {"block_size": 16} if cpu_accepts_16() else {}
     if a.gpu_mem is not None:
         extra["gpu_memory_utilization"] = a.gpu_mem
+    if a.kv_gib is not None:
+        extra["kv_cache_memory_bytes"] = int(a.kv_gib * 2**30)
     llm = LLM(model=a.model, enforce_eager=True, max_model_len=256, dtype="bfloat16",
               seed=0, **extra)
     prompts = [{"prompt_token_ids": [5 + (7 * i + j) % 400 for j in range(10 + i)]}
