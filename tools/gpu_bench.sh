@@ -26,7 +26,16 @@ if [ "${GPU_ARGS[0]:-}" = "--offline-script" ]; then
     exit $rc
 fi
 # The checkpoint (16 GB) and the check files stay under /root/gpu-bench for later calls on
-# this machine.
+# this machine. After a visit with the real-shape models (their checkpoints ~30 GB) a run
+# ended with nothing written and the machine stopped answering, most likely a full disk:
+# refuse at once instead.
+free_gb=$(df -BG --output=avail /root | tail -1 | tr -dc 0-9)
+if [ ! -d /root/gpu-bench/ckpt ] && [ "${free_gb:-0}" -lt "${GPU_BENCH_MIN_FREE_GB:-24}" ]; then
+    echo "gpu_bench: only ${free_gb} GB free under /root; the checkpoint and the offline" \
+         "loop's files need about 24 GB. Free it first (rm -rf /root/gpu-models) or use" \
+         "a fresh machine." >&2
+    exit 2
+fi
 python3 benchmarks/gpu_bench.py --out "$out" --work /root/gpu-bench --site /root/site \
     "${GPU_SPECS[@]}" "${GPU_ARGS[@]}"
 rc=$?

@@ -104,5 +104,6 @@ for name in ("serve.json", "models/gpu_models.json"):
 PY
 cat "$out/summary.txt"
 tar -C /tmp/gpu-visit -cJf "$out/visit.tar.xz" results 2>/dev/null
+[ -d /tmp/gpu-serve/logs ] && cp -r /tmp/gpu-serve/logs "$logs/serve-phases"
 tar -C /tmp -cJf "$out/logs.tar.xz" gpu-visit/logs gpu-matrix-logs 2>/dev/null || true
 echo "visit: $(( $(date +%s) - GPU_T0 )) s since install began"

@@ -510,6 +510,15 @@ def render_gpu_models(results: Path = GPU_RESULTS) -> list[str]:
                 continue
             checks = r.get("checks") or {}
             layers = ", ".join(str(x) for x in r.get("layers") or []) or "–"
+            if not checks and r.get("ok") is None:  # not started, or stopped at the deadline
+                stopped = str(r.get("status")).startswith("not finished")
+                out.append(f"| `{f.name}` ({commit}) | {meta.get('vllm', '–')} | "
+                           f"{r.get('spec')} | {r.get('model')} | {r.get('tp')} | – | "
+                           f"{'not finished' if stopped else 'not run'}"
+                           f" | {layers} | – | – | "
+                           f"{r.get('status') or 'not run: deadline reached'} "
+                           f"{r.get('note') or ''} |")
+                continue
             if not checks:
                 out.append(f"| `{f.name}` ({commit}) | {meta.get('vllm', '–')} | "
                            f"{r.get('spec')} | {r.get('model')} | {r.get('tp')} | – | "

@@ -65,3 +65,12 @@ def test_phases_get_an_absolute_pythonpath(tmp_path, monkeypatch):
     assert got.split(sep) == [str(tmp_path / "src"),
                               str(tmp_path / ".envs/speculators-0.4.0.1"), "/root/site"]
     assert gs.absolute_path_list("") == ""
+
+
+def test_engine_memory_settings():
+    kw: dict = {}
+    gs.engine_memory(kw, {"gpu_mem": 0.1, "kv_gib": 2.0})
+    assert kw == {"gpu_memory_utilization": 0.1, "kv_cache_memory_bytes": 2 * 2**30}
+    kw = {}
+    gs.engine_memory(kw, {"gpu_mem": None, "kv_gib": None})
+    assert kw == {}  # the CPU size: vLLM's own sizing

@@ -763,21 +763,27 @@ def main(a) -> int:
             if rc is None and time.time() < deadline and time.time() - t0 < a.timeout:
                 still.append((t, proc, t0))
                 continue
+            cut = None
             if rc is None:
+                # the run's deadline (the device call ends) is not the task's own time limit
+                cut = "deadline" if time.time() >= deadline else "timeout"
                 try:
                     os.killpg(proc.pid, 9)
                 except OSError:
                     pass
                 proc.wait()
-                rc = "timeout"
-            res = load(t) or {"ok": False, "error": f"no result (rc={rc})"}
+                rc = cut
+            res = load(t) or (
+                {"ok": None, "status": "not finished: stopped at the run's deadline"}
+                if cut == "deadline" else {"ok": False, "error": f"no result (rc={rc})"})
             res["rc"] = rc
             res["seconds"] = time.time() - t0
-            if not res.get("ok"):
+            if res.get("ok") is False:
                 log = work / "logs" / (t["id"].replace(":", "_") + ".log")
                 res["log_tail"] = log.read_text(errors="replace")[-3000:] if log.exists() else ""
             results[t["id"]] = res
-            print(f"{'PASS' if res.get('ok') else 'FAIL'} {t['id']} {_brief(res)}", flush=True)
+            verdict = {True: "PASS", None: "STOPPED"}.get(res.get("ok"), "FAIL")
+            print(f"{verdict} {t['id']} {_brief(res)}", flush=True)
             save()
         running = still
     for t in tasks:

@@ -61,6 +61,7 @@ SIZES = {
                 target_steps=800, target_batch=64, target_len=128, target_lr=1e-3,
                 train_seqs=512, seq_len=128, prompts=64, prompt_groups=8, max_tokens=64,
                 epochs=10, total_seq_len=2048, draft_lr=1e-3, gpu_mem=0.1, kv_gib=None,
+                draft_attention="flex",
                 max_model_len=512, prompt_min=8, prompt_max=32,
                 min_rule_accuracy=0.9, min_acceptance=0.3),
     "cpu": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=8,
@@ -68,6 +69,7 @@ SIZES = {
                 target_steps=400, target_batch=16, target_len=64, target_lr=2e-3,
                 train_seqs=48, seq_len=64, prompts=8, prompt_groups=4, max_tokens=24,
                 epochs=3, total_seq_len=512, draft_lr=2e-3, gpu_mem=None, kv_gib=None,
+                draft_attention="dense",
                 max_model_len=256, prompt_min=6, prompt_max=16,
                 min_rule_accuracy=0.5, min_acceptance=0.05),
 }
@@ -291,7 +293,10 @@ def phase_train(a, work: Path, s: dict) -> dict:
     if a.aux_ids:
         config.eagle_aux_hidden_state_layer_ids = json.loads(a.aux_ids)
     model = Eagle3DraftModel(config, t2d=t2d, d2t=d2t)
-    if device.type == "cpu":
+    # speculators' flex attention (compiled by inductor; no CPU backward in torch), or a
+    # dense equivalent of it (train_draft.DENSE): --set draft_attention=dense on a GPU
+    # whose Triton does not match its torch.
+    if device.type == "cpu" or s["draft_attention"] == "dense":
         train_draft.set_attention(model, train_draft.DENSE)
     model.to(device)
     records = gpu_train.MetricRecords()
