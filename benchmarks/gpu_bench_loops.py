@@ -31,8 +31,9 @@ Why passes look the way they do:
 - Results must stay valid after later calls: the first two calls' results are
   checksummed when they return and again at the end of the pass (``held``), or in the
   files written from them (``offline``).
-- Driver memory per pass: the kernel's peak RSS is reset before the pass
-  (``/proc/self/clear_refs``) and read at its end, before the results are released.
+- Driver memory per pass: once the process's RSS has stopped falling (:func:`settle`),
+  the kernel's peak RSS is reset before the pass (``/proc/self/clear_refs``) and read at
+  its end, before the results are released.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ import gc
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
+from time import monotonic as _monotonic  # settle(): real time, whatever ``time`` is
+from time import sleep as _sleep
 
 LOOPS = ("offline", "held", "dropped")
 #: speculators' offline script: ``MAX_IO_WORKERS = 4``.
@@ -84,6 +87,30 @@ def trim() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def settle(timeout: float = 10.0, interval: float = 0.05, tol_kib: int = 4096,
+           calm: int = 3) -> float:
+    """Wait until this process's RSS stops falling; the seconds waited.
+
+    Why: memory released by one pass may leave the process a little later than its last
+    reference (the shim unmaps a call's region on a background thread). A peak measured
+    from a reset taken meanwhile counts the previous pass's memory: the H200 run of
+    2026-12-04 reset (b)'s peak at 2.1 GiB with 1.7 GiB of the previous pass's regions
+    still mapped at the pass's start, while its calls then ran at 1.4 GiB. The pass
+    starts once ``calm`` reads in a row, ``interval`` apart, fell by less than
+    ``tol_kib``."""
+    t0 = _monotonic()
+    last = rss().get("vmrss_kib")
+    if last is None:
+        return 0.0
+    quiet = 0
+    while quiet < calm and _monotonic() - t0 < timeout:
+        _sleep(interval)
+        now = rss().get("vmrss_kib", last)
+        quiet = quiet + 1 if last - now < tol_kib else 0
+        last = now
+    return _monotonic() - t0
 
 
 # ------------------------------------------------------------------------------ checksum
@@ -208,6 +235,7 @@ def run_pass(ex: Extractor, loop: str | None, seqs: list[list[int]], size: int, 
     rec: dict = {"loop": loop, "batch": size, "calls_s": [], "calls_tokens": [],
                  "rss_after_call_kib": [], "driver_calls": []}
     trim()
+    rec["settle_s"] = settle()
     rec["rss_start"] = rss()
     rec["peak_reset"] = reset_peak()
     pool = ThreadPoolExecutor(SAVE_THREADS) if loop == "offline" else None
