@@ -61,7 +61,7 @@ SIZES = {
                 target_steps=800, target_batch=64, target_len=128, target_lr=1e-3,
                 train_seqs=512, seq_len=128, prompts=64, prompt_groups=8, max_tokens=64,
                 epochs=10, total_seq_len=2048, draft_lr=1e-3, gpu_mem=0.1, kv_gib=None,
-                draft_attention="flex",
+                draft_compile=1,
                 max_model_len=512, prompt_min=8, prompt_max=32,
                 min_rule_accuracy=0.9, min_acceptance=0.3),
     "cpu": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=8,
@@ -69,7 +69,7 @@ SIZES = {
                 target_steps=400, target_batch=16, target_len=64, target_lr=2e-3,
                 train_seqs=48, seq_len=64, prompts=8, prompt_groups=4, max_tokens=24,
                 epochs=3, total_seq_len=512, draft_lr=2e-3, gpu_mem=None, kv_gib=None,
-                draft_attention="dense",
+                draft_compile=1,
                 max_model_len=256, prompt_min=6, prompt_max=16,
                 min_rule_accuracy=0.5, min_acceptance=0.05),
 }
@@ -293,10 +293,7 @@ def phase_train(a, work: Path, s: dict) -> dict:
     if a.aux_ids:
         config.eagle_aux_hidden_state_layer_ids = json.loads(a.aux_ids)
     model = Eagle3DraftModel(config, t2d=t2d, d2t=d2t)
-    # speculators' flex attention (compiled by inductor; no CPU backward in torch), or a
-    # dense equivalent of it (train_draft.DENSE): --set draft_attention=dense on a GPU
-    # whose Triton does not match its torch.
-    if device.type == "cpu" or s["draft_attention"] == "dense":
+    if device.type == "cpu":  # flex attention has no CPU backward in torch
         train_draft.set_attention(model, train_draft.DENSE)
     model.to(device)
     records = gpu_train.MetricRecords()
@@ -604,10 +601,13 @@ def main(argv=None) -> int:
         result.update(ok=native, stopped_after="data")
         return done()
     matched = result["layers"]["matched_ids"]
+    # speculators compiles the draft's forward on CUDA (torch.compile); draft_compile=0
+    # trains it eagerly (a kit whose Triton is not the one its torch was built for)
+    train_env = {} if s["draft_compile"] else {"TORCHDYNAMO_DISABLE": "1"}
     phases.update(run_phases(a, work, [
-        ("train-shim", ["--phase", "train", "--data", "data-shim"], {}),
+        ("train-shim", ["--phase", "train", "--data", "data-shim"], train_env),
         *([("train-native", ["--phase", "train", "--data", "data-native",
-                             "--aux-ids", json.dumps(matched)], {})] if native else [])],
+                             "--aux-ids", json.dumps(matched)], train_env)] if native else [])],
         parallel))
     save()
     if phases["train-shim"]["rc"] != 0:
