@@ -473,6 +473,11 @@ def _per_layer(check: dict[str, Any], key: str, digits: int) -> str:
                       for v in per.values())
 
 
+def _unfinished(run: dict) -> str:
+    """A task with no verdict: stopped at the run's deadline, or never started."""
+    return "not finished" if str(run.get("status")).startswith("not finished") else "not run"
+
+
 def render_gpu_models(results: Path = GPU_RESULTS) -> list[str]:
     """Rows of the real-shape model runs (``docs/results/gpu-models-*.json``)."""
     files = sorted(results.glob("gpu-models-*.json"))
@@ -505,16 +510,15 @@ def render_gpu_models(results: Path = GPU_RESULTS) -> list[str]:
                     note = r.get("status") or short(r.get("error") or "", 200)
                     out.append(f"| `{f.name}` ({commit}) | {meta.get('vllm', '–')} | – | "
                                f"{r.get('model')} | {r.get('tp', '–')} | {r.get('kind')} | "
-                               f"{'not run' if r.get('ok') is None else '**FAIL**'} | – | – "
+                               f"{_unfinished(r) if r.get('ok') is None else '**FAIL**'} | – | – "
                                f"| – | {code(note) if note else ''} |")
                 continue
             checks = r.get("checks") or {}
             layers = ", ".join(str(x) for x in r.get("layers") or []) or "–"
             if not checks and r.get("ok") is None:  # not started, or stopped at the deadline
-                stopped = str(r.get("status")).startswith("not finished")
                 out.append(f"| `{f.name}` ({commit}) | {meta.get('vllm', '–')} | "
                            f"{r.get('spec')} | {r.get('model')} | {r.get('tp')} | – | "
-                           f"{'not finished' if stopped else 'not run'}"
+                           f"{_unfinished(r)}"
                            f" | {layers} | – | – | "
                            f"{r.get('status') or 'not run: deadline reached'} "
                            f"{r.get('note') or ''} |")

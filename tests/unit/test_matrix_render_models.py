@@ -27,8 +27,11 @@ def test_stopped_and_unstarted_tasks_are_not_failures(tmp_path):
         {"id": "gen:m:0.4.0.1", "kind": "gen", "model": "m", "spec": "0.4.0.1", "tp": 1,
          "ok": None, "status": "not run: deadline reached"},
         {"id": "gen:n:0.4.0.1", "kind": "gen", "model": "n", "spec": "0.4.0.1", "tp": 1,
-         "ok": False, "error": "no result (rc=timeout)"}])
-    assert len(rows) == 3
+         "ok": False, "error": "no result (rc=timeout)"},
+        {"id": "native:m", "kind": "native", "model": "m", "tp": 1,
+         "ok": None, "status": "not finished: stopped at the run's deadline"}])
+    assert len(rows) == 4
+    assert "| not finished |" in rows[3] and "FAIL" not in rows[3]
     assert "| not finished |" in rows[0] and "FAIL" not in rows[0]
     assert "| not run |" in rows[1] and "FAIL" not in rows[1]
     # known wrong: a task that failed (its own time limit) stays a failure

@@ -778,7 +778,7 @@ def main(a) -> int:
                 if cut == "deadline" else {"ok": False, "error": f"no result (rc={rc})"})
             res["rc"] = rc
             res["seconds"] = time.time() - t0
-            if res.get("ok") is False:
+            if not res.get("ok"):  # failed or stopped: what its log says last
                 log = work / "logs" / (t["id"].replace(":", "_") + ".log")
                 res["log_tail"] = log.read_text(errors="replace")[-3000:] if log.exists() else ""
             results[t["id"]] = res
