@@ -293,7 +293,9 @@ def phase_train(a, work: Path, s: dict) -> dict:
     if a.aux_ids:
         config.eagle_aux_hidden_state_layer_ids = json.loads(a.aux_ids)
     model = Eagle3DraftModel(config, t2d=t2d, d2t=d2t)
-    if device.type == "cpu":  # flex attention has no CPU backward in torch
+    # flex attention has no CPU backward in torch; without compile (draft_compile=0) its
+    # eager path is left out too: the same attention, its mask evaluated densely
+    if device.type == "cpu" or not s["draft_compile"]:
         train_draft.set_attention(model, train_draft.DENSE)
     model.to(device)
     records = gpu_train.MetricRecords()
