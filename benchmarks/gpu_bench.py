@@ -42,7 +42,9 @@ Every child writes its result after every pass, and the parent rewrites
 failed child is recorded with its log tail; the parent goes on. ``--deadline`` (seconds for
 the whole call) keeps one device command under its limit: each child gets the time left
 minus ``--min-child`` for every child after it and ``--reserve-compare``, and starts no
-pass it cannot finish by then (skipped passes are listed, later rounds first).
+pass it cannot finish by then (skipped passes are listed, later rounds first); its rounds
+after the first stop at an equal share of the time left, so that slow engine starts early
+in a call (a fresh machine) cost rounds, not a later path's first round.
 
 Usage (device, after the GPU kit is installed; ``tools/gpu_bench.sh`` does all of it)::
 
@@ -446,13 +448,19 @@ def run_passes(p: dict, res: dict, ex, peak: _Peak) -> None:
     save_dir = Path(p.get("save_dir") or (Path(p["work"]) / "save")) / p["mode"].replace(":", "-")
     shutil.rmtree(save_dir, ignore_errors=True)
     keeper = _CheckKeeper(p, ex, res) if p.get("save_check") and ex.check_layers else None
-    deadline = p.get("deadline_at")
+    hard = p.get("deadline_at")
     with ThreadPoolExecutor(p.get("check_threads") or 8) as pool:
         for rnd, size, loop in plan:
             est = _estimate(res, loop, size)
-            if deadline and time.time() + 1.15 * est + p.get("pass_margin_s", 5.0) > deadline:
+            # round 0 may run to the child's deadline; later rounds stop at its fair share,
+            # so that every later child still gets its round 0
+            soft = p.get("later_rounds_by") if rnd > 0 else None
+            deadline = min(x for x in (hard, soft, float("inf")) if x)
+            if deadline < float("inf") and \
+                    time.time() + 1.15 * est + p.get("pass_margin_s", 5.0) > deadline:
+                what = "fair share" if deadline == soft and soft != hard else "deadline"
                 res["skipped"].append({"round": rnd, "batch": size, "loop": loop,
-                                       "why": f"deadline: {deadline - time.time():.0f}s left, "
+                                       "why": f"{what}: {deadline - time.time():.0f}s left, "
                                               f"the pass takes ~{est:.0f}s"})
                 _emit(p, res, peak)
                 continue
@@ -1057,8 +1065,14 @@ class Parent:
                 (self.work / "check" / f"{_check_name(mode, a.tp)}.safetensors").unlink(
                     missing_ok=True)
             timeout = min(a.timeout, left)
+            # A child's rounds after its first stop at an equal share of the time left, so
+            # that slow engine starts early on (a fresh machine) cost later rounds, not a
+            # later child's first: each path keeps its round 0 in the same run.
+            share = (self.remaining() - reserve) / (len(jobs) - i)
             res = self.run_child(mode, {**base, "rounds": rounds, "save_check": 0 in rounds,
-                                        "deadline_at": time.time() + timeout - CHILD_EXIT_S},
+                                        "deadline_at": time.time() + timeout - CHILD_EXIT_S,
+                                        "later_rounds_by": time.time() + min(share, timeout)
+                                        - CHILD_EXIT_S},
                                  timeout)
             self.doc["runs"].append(res)
             self.save()

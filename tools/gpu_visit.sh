@@ -74,8 +74,15 @@ if [ -f tests/e2e/scripts/gpu_serve.py ] && [ -z "${GPU_VISIT_NO_SERVE:-}" ]; th
 fi
 
 if [ -n "${GPU_VISIT_MODELS:-}" ]; then
+  # GPU_VISIT_MODEL_SPECS=0.3.0 runs the models with that release only (one already
+  # recorded at the same shim code need not take the call's time again)
+  model_specs=("${GPU_SPECS[@]}")
+  if [ -n "${GPU_VISIT_MODEL_SPECS:-}" ]; then
+    model_specs=()
+    for v in ${GPU_VISIT_MODEL_SPECS//,/ }; do model_specs+=(--spec "$v=/root/spec-$v"); done
+  fi
   timeout $((deadline - 20)) python3 tests/e2e/scripts/gpu_models.py --out "$res/models" \
-      --work /root/gpu-models --site "$site" "${GPU_SPECS[@]}" --models "$GPU_VISIT_MODELS" \
+      --work /root/gpu-models --site "$site" "${model_specs[@]}" --models "$GPU_VISIT_MODELS" \
       --deadline $((deadline - 40)) --min-start-left 60 --parallel 4 --parallel-natives 2 \
       --native-gpu-mem 0.15 --native-kv-gib 8 --gpu-mem 0.08 >"$logs/models.log" 2>&1 &
   pids+=($!)

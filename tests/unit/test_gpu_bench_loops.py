@@ -189,6 +189,60 @@ def test_a_child_starts_no_pass_it_cannot_finish_and_keeps_what_ran(tmp_path, mo
     assert saved["rss_end_kib"]["peak_tracked"]
 
 
+def test_later_rounds_stop_at_the_fair_share(tmp_path, monkeypatch):
+    """A child's round 0 may run to its deadline; its later rounds stop at
+    ``later_rounds_by`` (its equal share of the call), which leaves the later children
+    their round 0. Known wrong: without the share the same child runs round 1 too."""
+    import importlib.util
+    import json
+
+    gb_spec = importlib.util.spec_from_file_location("gpu_bench_under_test_share",
+                                                     ROOT / "benchmarks" / "gpu_bench.py")
+    gb = importlib.util.module_from_spec(gb_spec)
+    gb_spec.loader.exec_module(gb)
+
+    class Clock:
+        now = 1000.0
+
+        @classmethod
+        def time(cls):
+            return cls.now
+
+        perf_counter = time
+
+    class Slow(gb._Extractor, Fake):
+        def call(self, batch):
+            Clock.now += 0.5
+            return Fake.call(self, batch)
+
+    monkeypatch.setattr(gb, "time", Clock)
+    monkeypatch.setattr(gb.loops, "time", Clock)
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"seqs": SEQS[:4], "warmup": LEAD[:2]}))
+
+    def run(share):
+        Clock.now = 1000.0
+        p = {"mode": "b:x", "batches": "2", "rounds": [0, 1], "loops": ["dropped"],
+             "tokens": str(tokens), "work": str(tmp_path), "check_seqs": 2,
+             "layers": [0, 1], "save_check": False, "result": str(tmp_path / "r.json"),
+             "pass_margin_s": 0.0, "deadline_at": Clock.now + 100.0}
+        if share is not None:
+            # warm-up 0.5 s, round 0 ends at 1.5 s; round 1 would end at 2.65 s
+            p["later_rounds_by"] = Clock.now + share
+        res = gb._child_result_base(p)
+        gb.run_passes(p, res, Slow(), gb._Peak())
+        return res
+
+    res = run(2.0)
+    assert [ps["round"] for ps in res["passes"]] == [0]
+    assert [s["round"] for s in res["skipped"]] == [1]
+    assert res["skipped"][0]["why"].startswith("fair share")
+    # round 0 is never held to the share: a share already past still runs it
+    assert [ps["round"] for ps in run(0.1)["passes"]] == [0]
+    # known wrong: with no share the child takes round 1 as well
+    assert [ps["round"] for ps in run(None)["passes"]] == [0, 1]
+
+
 def test_a_pass_starts_after_memory_released_late_has_left():
     """Memory whose last reference is gone but which a background thread is still freeing
     (the shim's unmapping thread) must not count in the next pass: ``settle`` waits for
