@@ -61,7 +61,7 @@ SIZES = {
                 target_steps=800, target_batch=64, target_len=128, target_lr=1e-3,
                 train_seqs=512, seq_len=128, prompts=64, prompt_groups=8, max_tokens=64,
                 epochs=10, total_seq_len=2048, draft_lr=1e-3, gpu_mem=0.1, kv_gib=None,
-                draft_compile=1,
+                draft_compile=1, train_budget_s=None,
                 max_model_len=512, prompt_min=8, prompt_max=32,
                 min_rule_accuracy=0.9, min_acceptance=0.3),
     "cpu": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=8,
@@ -69,7 +69,7 @@ SIZES = {
                 target_steps=400, target_batch=16, target_len=64, target_lr=2e-3,
                 train_seqs=48, seq_len=64, prompts=8, prompt_groups=4, max_tokens=24,
                 epochs=3, total_seq_len=512, draft_lr=2e-3, gpu_mem=None, kv_gib=None,
-                draft_compile=1,
+                draft_compile=1, train_budget_s=None,
                 max_model_len=256, prompt_min=6, prompt_max=16,
                 min_rule_accuracy=0.5, min_acceptance=0.05),
 }
@@ -262,6 +262,33 @@ def phase_native(a, work: Path, s: dict) -> dict:
             "connector": connector, "seconds": round(time.perf_counter() - t0, 1)}
 
 
+class BudgetSpent(Exception):
+    """Raised after a saved epoch when the next one would not end within the budget."""
+
+
+def budgeted(trainer_cls, budget_s: float | None, epochs: int, clock=time.perf_counter):
+    """speculators' ``Trainer`` that stops after a saved epoch once another epoch (at the
+    mean pace so far) would end past ``budget_s``: a step that must fit one device call
+    then serves the last whole epoch instead of being killed with nothing saved. The
+    class records the epochs saved in ``saved``; its clock starts when it is made (the
+    trainer's own set-up counts towards the pace: the estimate errs towards stopping)."""
+
+    class Budgeted(trainer_cls):
+        saved: list[int] = []
+
+        def save_checkpoint(self, epoch):
+            super().save_checkpoint(epoch)
+            Budgeted.saved.append(epoch)
+            spent = clock() - Budgeted.t0
+            pace = spent / len(Budgeted.saved)
+            if budget_s is not None and epoch < epochs - 1 and spent + pace > budget_s:
+                raise BudgetSpent(epoch)
+
+    Budgeted.saved = []
+    Budgeted.t0 = clock()
+    return Budgeted
+
+
 def phase_train(a, work: Path, s: dict) -> dict:
     """speculators' Trainer, as tests/e2e/scripts/gpu_train.py drives it."""
     import speculators_compat
@@ -304,18 +331,23 @@ def phase_train(a, work: Path, s: dict) -> dict:
     kwargs = {"use_off_policy_tokens": False, "ttt_steps": K, "ttt_step_loss_decay": 1.0}
     save = work / f"ckpt-{a.data}"
     t0 = time.perf_counter()
-    Trainer(model, TrainerConfig(
-        lr=s["draft_lr"], num_epochs=s["epochs"], save_path=str(save),
-        local_rank=0 if device.type == "cuda" else str(device), train_call_kwargs=kwargs,
-        val_call_kwargs=kwargs, scheduler_type="cosine"),
-        gpu_train.loader(train_files, s["total_seq_len"], a.seed),
-        gpu_train.loader(val_files, s["total_seq_len"], None)).run_training()
-    final = save / str(s["epochs"] - 1)
+    trainer_cls = budgeted(Trainer, s["train_budget_s"], s["epochs"])
+    try:
+        trainer_cls(model, TrainerConfig(
+            lr=s["draft_lr"], num_epochs=s["epochs"], save_path=str(save),
+            local_rank=0 if device.type == "cuda" else str(device), train_call_kwargs=kwargs,
+            val_call_kwargs=kwargs, scheduler_type="cosine"),
+            gpu_train.loader(train_files, s["total_seq_len"], a.seed),
+            gpu_train.loader(val_files, s["total_seq_len"], None)).run_training()
+    except BudgetSpent:
+        pass
+    final = save / str(trainer_cls.saved[-1])
     saved = json.loads((final / "config.json").read_text())
     val = [r["val"] for r in records.records if "val" in r]
     losses = [r["train"]["loss"] for r in records.records if "train" in r]
     reloaded = Eagle3SpeculatorConfig.from_pretrained(final)
     return {"checkpoint": str(final), "files": len(files), "steps": len(losses),
+            "epochs_done": len(trainer_cls.saved), "epochs_planned": s["epochs"],
             "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None,
             "val_full_acc": [val[-1].get(f"full_acc_{i}_epoch") for i in range(K)]
