@@ -607,8 +607,11 @@ def child_b(p: dict) -> None:
 
 
 def _transport_stats(worker) -> dict | None:
-    """Runs in each vLLM worker: the shim's counters hung on the worker (cumulative)."""
-    return loops.find_stats(worker)
+    """Runs in each vLLM worker: the shim's counters hung on the worker (cumulative).
+    A function sent through ``collective_rpc`` gets vLLM's ``WorkerWrapperBase``, which
+    holds the worker (and the shim's attributes) as ``.worker``: both are searched."""
+    inner = vars(worker).get("worker") if hasattr(worker, "__dict__") else None
+    return loops.find_stats(worker, *([inner] if inner is not None else []))
 
 
 def native_llm(llm_kwargs: dict, aux: list[int], store: Path):

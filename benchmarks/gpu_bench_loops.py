@@ -162,8 +162,10 @@ def find_stats(*objects) -> dict | None:
         for name, val in attrs:
             if "compat" not in name:
                 continue
-            stats = val if isinstance(val, dict) and "stats" in name else getattr(
-                val, "stats", None)
+            # an object's all_stats() (the transport's sender: its copier's counters too)
+            # before its stats
+            stats = val if isinstance(val, dict) and "stats" in name else (
+                getattr(val, "all_stats", None) or getattr(val, "stats", None))
             if callable(stats):
                 try:
                     stats = stats()

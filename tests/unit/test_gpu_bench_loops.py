@@ -143,6 +143,37 @@ def test_counters_are_read_whatever_their_names():
     assert loops.find_stats(object()) is None
 
 
+def test_worker_counters_behind_vllms_worker_wrapper():
+    """A function sent through ``collective_rpc`` gets vLLM's ``WorkerWrapperBase``; the
+    shim's sender (and its copier's counters, through ``all_stats()``) hangs on the
+    worker inside it. Known wrong (vLLM 0.34 on the H200, 2026-12-04: ``[None]``): only
+    the wrapper searched."""
+    import importlib.util
+
+    gb_spec = importlib.util.spec_from_file_location("gpu_bench_under_test_stats",
+                                                     ROOT / "benchmarks" / "gpu_bench.py")
+    gb = importlib.util.module_from_spec(gb_spec)
+    gb_spec.loader.exec_module(gb)
+
+    class Sender:
+        stats = {"streamed": 2}
+
+        def all_stats(self):
+            return {**self.stats, "hook_s": 0.25}
+
+    class Worker:
+        def __init__(self):
+            self._compat_sender = Sender()
+
+    class Wrapper:
+        def __init__(self):
+            self.worker, self.rpc_rank = Worker(), 0
+
+    assert gb._transport_stats(Wrapper()) == {"streamed": 2, "hook_s": 0.25}
+    assert gb._transport_stats(Worker()) == {"streamed": 2, "hook_s": 0.25}
+    assert loops.find_stats(Wrapper()) is None  # the wrapper alone holds nothing
+
+
 def test_a_child_starts_no_pass_it_cannot_finish_and_keeps_what_ran(tmp_path, monkeypatch):
     """gpu_bench.run_passes: passes that would end after the child's deadline are listed
     as skipped (later rounds first), the result file holds the passes that ran. On a
