@@ -68,7 +68,7 @@ fi
 if [ -f tests/e2e/scripts/gpu_serve.py ] && [ -z "${GPU_VISIT_NO_SERVE:-}" ]; then
   PYTHONPATH="src:/root/spec-0.4.0.1:$site" timeout $((deadline - 30)) \
       python3 tests/e2e/scripts/gpu_serve.py --out "$res/serve.json" --workdir /tmp/gpu-serve \
-      --phase-timeout 240 --set kv_gib=2 --set train_budget_s=200 ${GPU_SERVE_ARGS:-} \
+      --phase-timeout 240 --set kv_gib=2 --set train_budget_s=180 ${GPU_SERVE_ARGS:-} \
       >"$logs/serve.log" 2>&1 &
   pids+=($!)
 fi
