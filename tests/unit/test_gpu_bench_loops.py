@@ -174,14 +174,12 @@ def test_worker_counters_behind_vllms_worker_wrapper():
     assert loops.find_stats(Wrapper()) is None  # the wrapper alone holds nothing
 
 
-def test_a_child_starts_no_pass_it_cannot_finish_and_keeps_what_ran(tmp_path, monkeypatch):
-    """gpu_bench.run_passes: passes that would end after the child's deadline are listed
-    as skipped (later rounds first), the result file holds the passes that ran. On a
-    clock that each call advances by 0.5 s."""
+def _clocked_bench(tmp_path, monkeypatch, name: str):
+    """gpu_bench loaded as ``name`` on a fake clock that each extractor call advances by
+    0.5 s: ``(module, clock, extractor class, tokens file)``."""
     import json
 
-    gb_spec = importlib.util.spec_from_file_location("gpu_bench_under_test_deadline",
-                                                     ROOT / "benchmarks" / "gpu_bench.py")
+    gb_spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "gpu_bench.py")
     gb = importlib.util.module_from_spec(gb_spec)
     gb_spec.loader.exec_module(gb)
 
@@ -203,6 +201,16 @@ def test_a_child_starts_no_pass_it_cannot_finish_and_keeps_what_ran(tmp_path, mo
     monkeypatch.setattr(gb.loops, "time", Clock)
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps({"seqs": SEQS[:4], "warmup": LEAD[:2]}))
+    return gb, Clock, Slow, tokens
+
+
+def test_a_child_starts_no_pass_it_cannot_finish_and_keeps_what_ran(tmp_path, monkeypatch):
+    """gpu_bench.run_passes: passes that would end after the child's deadline are listed
+    as skipped (later rounds first), the result file holds the passes that ran. On a
+    clock that each call advances by 0.5 s."""
+    import json
+
+    gb, Clock, Slow, tokens = _clocked_bench(tmp_path, monkeypatch, "gpu_bench_under_test_deadline")
     p = {"mode": "b:x", "batches": "2", "rounds": [0, 1], "loops": ["held", "dropped"],
          "tokens": str(tokens), "work": str(tmp_path), "check_seqs": 2, "layers": [0, 1],
          "save_check": False, "result": str(tmp_path / "result.json"), "pass_margin_s": 0.0,
@@ -224,32 +232,7 @@ def test_later_rounds_stop_at_the_fair_share(tmp_path, monkeypatch):
     """A child's round 0 may run to its deadline; its later rounds stop at
     ``later_rounds_by`` (its equal share of the call), which leaves the later children
     their round 0. Known wrong: without the share the same child runs round 1 too."""
-    import importlib.util
-    import json
-
-    gb_spec = importlib.util.spec_from_file_location("gpu_bench_under_test_share",
-                                                     ROOT / "benchmarks" / "gpu_bench.py")
-    gb = importlib.util.module_from_spec(gb_spec)
-    gb_spec.loader.exec_module(gb)
-
-    class Clock:
-        now = 1000.0
-
-        @classmethod
-        def time(cls):
-            return cls.now
-
-        perf_counter = time
-
-    class Slow(gb._Extractor, Fake):
-        def call(self, batch):
-            Clock.now += 0.5
-            return Fake.call(self, batch)
-
-    monkeypatch.setattr(gb, "time", Clock)
-    monkeypatch.setattr(gb.loops, "time", Clock)
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps({"seqs": SEQS[:4], "warmup": LEAD[:2]}))
+    gb, Clock, Slow, tokens = _clocked_bench(tmp_path, monkeypatch, "gpu_bench_under_test_share")
 
     def run(share):
         Clock.now = 1000.0
