@@ -455,10 +455,9 @@ def run_passes(p: dict, res: dict, ex, peak: _Peak) -> None:
             # round 0 may run to the child's deadline; later rounds stop at its fair share,
             # so that every later child still gets its round 0
             soft = p.get("later_rounds_by") if rnd > 0 else None
-            deadline = min(x for x in (hard, soft, float("inf")) if x)
-            if deadline < float("inf") and \
-                    time.time() + 1.15 * est + p.get("pass_margin_s", 5.0) > deadline:
-                what = "fair share" if deadline == soft and soft != hard else "deadline"
+            deadline = min(filter(None, (hard, soft)), default=None)
+            if deadline and time.time() + 1.15 * est + p.get("pass_margin_s", 5.0) > deadline:
+                what = "deadline" if deadline == hard else "fair share"
                 res["skipped"].append({"round": rnd, "batch": size, "loop": loop,
                                        "why": f"{what}: {deadline - time.time():.0f}s left, "
                                               f"the pass takes ~{est:.0f}s"})

@@ -274,8 +274,6 @@ def budgeted(trainer_cls, budget_s: float | None, epochs: int, clock=time.perf_c
     trainer's own set-up counts towards the pace: the estimate errs towards stopping)."""
 
     class Budgeted(trainer_cls):
-        saved: list[int] = []
-
         def save_checkpoint(self, epoch):
             super().save_checkpoint(epoch)
             Budgeted.saved.append(epoch)
