@@ -70,6 +70,8 @@ SCRIPT = "scripts/data_generation_offline.py"
 LOG_TAIL = 4000
 #: Minimum per-token cosine between the releases' states of one sample (gpu_bench.py's).
 MIN_COSINE = 0.99
+#: Samples whose states are compared between releases (each release keeps these files).
+COMPARE = 4
 #: A file may hold its states and a few kB of pickle; more means a tensor was saved with a
 #: larger storage behind it (a view of memory shared with other results).
 MAX_FILE_OVER_STATES = 1.5
@@ -143,6 +145,37 @@ def steady_rate(files: list[dict], batch: int) -> dict:
             "steady_samples_per_s": (len(files) - batch) / (t1 - t0)}
 
 
+# ------------------------------------------------------------------------------ the disk
+GIB = 1 << 30
+#: Room kept beyond the estimate (the datasets cache, token frequencies, logs).
+DISK_MARGIN = 2 * GIB
+
+
+def checkpoint_bytes(model: dict) -> int:
+    """bf16 bytes of a Llama checkpoint of this config (untied embeddings)."""
+    h, i, n = model["hidden_size"], model["intermediate_size"], model["num_hidden_layers"]
+    kv = model["num_key_value_heads"] * model.get("head_dim", h // model["num_attention_heads"])
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+    return 2 * (2 * model["vocab_size"] * h + n * per_layer + h)
+
+
+def release_output_bytes(samples: int, max_words: int, hidden: int, layers: int) -> int:
+    """An upper bound of one release's ``data_<i>.pt`` files: every sample at its longest
+    (one token a word, a few for the chat template), one bf16 row per layer and token."""
+    return samples * (max_words + 32) * hidden * layers * 2 + samples * FILE_OVERHEAD
+
+
+def prune_output(out: Path, keep: int) -> int:
+    """Delete ``data_<i>.pt`` for ``i >= keep`` (the cross-release comparison reads the
+    first ``keep``); returns the bytes freed."""
+    freed = 0
+    for f in out.glob("data_*.pt"):
+        if f.stem[5:].isdigit() and int(f.stem[5:]) >= keep:
+            freed += f.stat().st_size
+            f.unlink()
+    return freed
+
+
 # ----------------------------------------------------------------------------- the check
 def check_child(params_file: str) -> None:
     """One child after every release's run: each release's files against the script's
@@ -153,6 +186,10 @@ def check_child(params_file: str) -> None:
     from transformers import AutoTokenizer
 
     p = json.loads(Path(params_file).read_text())
+    if p.get("compare_only"):
+        Path(p["result"]).write_text(json.dumps(
+            {"agree": compare_releases(p["releases"], p["compare_samples"])}, indent=1))
+        return
     res: dict = {"versions": {}, "releases": {}}
     for dist in ("torch", "transformers", "vllm", "datasets"):
         for name in (dist, f"{dist}-cpu"):
@@ -178,7 +215,6 @@ def check_child(params_file: str) -> None:
         res["releases"][rel["release"]] = check_files(
             Path(rel["output_dir"]), order, expected, p["layers"], p["hidden"],
             rel["batch_size"])
-    res["agree"] = compare_releases(p["releases"], p.get("compare_samples", 4))
     Path(p["result"]).write_text(json.dumps(res, indent=1))
 
 
@@ -332,9 +368,12 @@ class Bench:
         env.pop("SPECULATORS_COMPAT_ACTIVE", None)
         return env
 
+    def ckpt(self) -> Path:
+        return self.work / "ckpt" / ("llama-tiny" if self.a.tiny else "llama3-8b-shape")
+
     def build(self, cfg: dict) -> dict:
         """``gpu_bench.py``'s build child: the same checkpoint folder, reused if built."""
-        ckpt = self.work / "ckpt" / ("llama-tiny" if self.a.tiny else "llama3-8b-shape")
+        ckpt = self.ckpt()
         params = self.base / "build.params.json"
         result = self.base / "build.result.json"
         result.unlink(missing_ok=True)
@@ -353,6 +392,15 @@ class Bench:
         a = self.a
         cfg = dict(self.gb.SMALL if a.tiny else self.gb.FULL)
         layers = cfg["layers"]
+        hidden = cfg["model"]["hidden_size"]
+        n = a.samples or (12 if a.tiny else 256)
+        lo, hi = (a.min_len, a.max_len) if a.min_len else ((20, 40) if a.tiny else (760, 1010))
+        room = self.disk_room(cfg, n, hi, hidden, len(layers))
+        self.doc["disk"] = room
+        if not room["ok"]:
+            print(room["error"], flush=True)
+            self.save()
+            return 2
         build = self.build(cfg)
         self.doc["build"] = build
         self.save()
@@ -360,9 +408,6 @@ class Bench:
             print(f"build failed: {build}", flush=True)
             return 1
         model = build["path"]
-        hidden = cfg["model"]["hidden_size"]
-        n = a.samples or (12 if a.tiny else 256)
-        lo, hi = (a.min_len, a.max_len) if a.min_len else ((20, 40) if a.tiny else (760, 1010))
         rows = conversations(n, lo, hi, cfg["model"]["vocab_size"], a.seed)
         data = self.base / "conversations.jsonl"
         write_jsonl(data, rows)
@@ -382,15 +427,22 @@ class Bench:
                                          "error": "not run: deadline"})
                 self.save()
                 continue
-            self.doc["runs"].append(self.run_release(version, spec_dir, model, data, n,
-                                                     layers, seq_length, left))
+            run = self.run_release(version, spec_dir, model, data, n, layers, seq_length,
+                                   left)
+            self.doc["runs"].append(run)
             self.save()
+            if run.get("output_dir"):
+                # checked at once, then only the samples the releases' comparison reads
+                # are kept: one release's files on the disk at a time (7.5 GB at 8B)
+                self.check([run], model, data, rows, n, layers, hidden)
+                if not a.keep_output:
+                    run["pruned_bytes"] = prune_output(Path(run["output_dir"]), COMPARE)
+                self.save()
         ran = [r for r in self.doc["runs"] if r.get("output_dir")]
-        if ran:
-            self.check(ran, model, data, rows, n, layers, hidden)
+        self.compare(ran)
         for r in ran:
             if not a.keep_output:
-                shutil.rmtree(r["output_dir"], ignore_errors=True)  # 7.5 GB at the 8B shape
+                shutil.rmtree(r["output_dir"], ignore_errors=True)
         self.doc["wall_s"] = time.time() - self.t0
         self.save()
         sys.path.insert(0, str(BENCH))
@@ -458,8 +510,8 @@ class Bench:
         else:
             tail = (work / "check.log").read_text(errors="replace")[-1500:]
             res = {"releases": {}, "error": f"check exited {crc}: {tail}"}
-        self.doc["check"] = {"wall_s": cwall, "agree": res.get("agree"),
-                             "versions": res.get("versions"), "error": res.get("error")}
+        self.doc.setdefault("check", {}).update(
+            wall_s=cwall, versions=res.get("versions"), error=res.get("error"))
         for r in runs:
             chk = res["releases"].get(r["release"]) or {"ok": False,
                                                        "error": res.get("error")}
@@ -475,12 +527,49 @@ class Bench:
             print(f"{r['release']}: {timing.get('tokens_per_s') or 0:,.0f} tok/s, "
                   f"{timing.get('samples_per_s') or 0:.1f} samples/s, check "
                   f"{'ok' if chk.get('ok') else chk.get('error')}", flush=True)
-        agree = res.get("agree")
-        if agree is not None:
-            print(f"releases agree: {agree}", flush=True)
-            if not agree.get("ok"):
-                for r in runs:
-                    r["ok"] = False
+
+    def compare(self, runs: list[dict]) -> None:
+        """The releases' states of the first ``COMPARE`` samples against each other (the
+        files each release kept)."""
+        if len(runs) < 2:
+            return
+        params = self.base / "compare.params.json"
+        result = self.base / "compare.result.json"
+        result.unlink(missing_ok=True)
+        params.write_text(json.dumps({
+            "compare_only": True, "compare_samples": COMPARE, "result": str(result),
+            "releases": [{"release": r["release"], "output_dir": r["output_dir"]}
+                         for r in runs]}))
+        _run([self.a.python, str(Path(__file__).resolve()), "--check", str(params)],
+             self.env(runs[0]["spec_dir"]), self.base, self.base / "compare.log",
+             max(self.remaining(), 30))
+        agree = (json.loads(result.read_text()).get("agree") if result.exists() else
+                 {"ok": False, "error": (self.base / "compare.log").read_text(
+                     errors="replace")[-1500:]})
+        self.doc.setdefault("check", {})["agree"] = agree
+        print(f"releases agree: {agree}", flush=True)
+        if not agree.get("ok"):
+            for r in runs:
+                r["ok"] = False
+
+    def disk_room(self, cfg: dict, samples: int, max_words: int, hidden: int,
+                  layers: int) -> dict:
+        """Whether ``--work`` has room for the checkpoint (unless built) and one release's
+        files at a time: a full disk stopped a device machine once (2026-12-04)."""
+        files = release_output_bytes(samples, max_words, hidden, layers)
+        ckpt = self.ckpt()
+        build = 0 if (ckpt / "config.json").exists() else checkpoint_bytes(cfg["model"])
+        need = files + build + DISK_MARGIN
+        free = shutil.disk_usage(self.base).free
+        room = {"free_bytes": free, "need_bytes": need, "files_bytes": files,
+                "checkpoint_bytes": build, "ok": free >= need}
+        if not room["ok"]:
+            room["error"] = (
+                f"offline_script_bench: {free / GIB:.1f} GiB free under {self.base}; "
+                f"{samples} samples of one release need about {files / GIB:.1f} GiB"
+                + (f" and the checkpoint {build / GIB:.1f} GiB" if build else "")
+                + ". Free it first (rm -rf /root/gpu-models) or pass fewer --samples.")
+        return room
 
 
 def parser() -> argparse.ArgumentParser:

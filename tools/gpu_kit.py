@@ -353,9 +353,12 @@ TORCH34 = "torch==2.14.0"
 FALLBACKS = {"triton": "triton==3.8.0", "nccl": "nvidia-nccl-cu13==2.32.3"}
 # flashinfer-python 0.7.3 (vLLM's pin) is not on the registry: 0.7.4. torchvision 0.29.0 is
 # vLLM's pin for torch 2.14 (the image's torchvision is built for torch 2.11).
+# datasets 5.2.0: 4.x requires huggingface_hub < 2 and imports torchvision.io.VideoReader,
+# which torchvision 0.29 no longer has (speculators' token-frequency count failed with an
+# ImportError, 2026-12-04); 5.x catches that import, and 5.2.0 allows huggingface_hub 2.
 EXTRA_NO_DEPS34 = ["transformers==5.20.2", "huggingface-hub==2.4.0", "nvtx==0.2.15",
                    "cuda-tile", "torchvision==0.29.0",
-                   "datasets==4.6.0", "multiprocess==0.70.18", *CUTLASS34]
+                   "datasets==5.2.0", "multiprocess==0.70.18", *CUTLASS34]
 # Left out of the 0.34 kit (101 + 12 MB of wheels): vLLM imports flashinfer only in its
 # FlashInfer attention backends and in models this kit does not run; without it vLLM picks
 # FLASH_ATTN (Llama) / FLASH_ATTN_MLA (DeepSeek) on Hopper and samples with PyTorch.
@@ -542,16 +545,33 @@ def _build_stub(stage: Path) -> None:
             shutil.copy2(tmp, out)
 
 
+def _replace_pinned(deps: Path, pins: list[str]) -> None:
+    """Download the ``name==version`` pins into ``deps`` and delete the wheels of the same
+    projects at other versions."""
+    exact = {_norm(r.split("==")[0]): r.split("==")[1] for r in pins if "==" in r}
+    for wheel in deps.glob("*.whl"):
+        project = _wheel_project(wheel.name)
+        if project in exact and wheel.name.split("-")[1] != exact[project]:
+            wheel.unlink()
+    _download(pins, deps, deps=False)
+
+
 def _build_site34(vllm_whl: Path) -> Path:
     """vLLM 0.34's dependencies the image lacks, installed for the machine's Python."""
     deps = DL34 / "deps"
-    if not (deps / ".done").exists():
+    done = deps / ".done"
+    if not done.exists():
         resolved = _resolve(vllm_whl, SKIP_REQS34, DL34, "2.14.0")
         wanted = [f"{n}=={v}" for n, v in resolved
                   if (not _on_machine(_norm(n)) or _norm(n) in FORCE34)
                   and _norm(n) not in PINNED34]
         _download(wanted + EXTRA_NO_DEPS34, deps, deps=False)
-        (deps / ".done").write_text("ok\n")
+        done.write_text("\n".join(EXTRA_NO_DEPS34) + "\n")
+    elif done.read_text().split() != EXTRA_NO_DEPS34:
+        # a pin changed since the download: the pinned wheels again, other versions of
+        # those projects removed (one wheel per project goes into the site)
+        _replace_pinned(deps, EXTRA_NO_DEPS34)
+        done.write_text("\n".join(EXTRA_NO_DEPS34) + "\n")
     deps_wheels = sorted(w for w in deps.glob("*.whl") if (not _on_machine(
         _wheel_project(w.name)) or _wheel_project(w.name) in FORCE34)
         and _wheel_project(w.name) not in LEAVE_OUT34)
