@@ -573,6 +573,44 @@ def _call_split_table(docs: list[dict]) -> list[str]:
             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *rows]
 
 
+#: The capturing worker's counters (``transport`` of a pass: cumulative per process), shown
+#: per call: the hooks' time on the forward thread, their waits for staging room, the wait
+#: for copies after the last step, the copy threads' time (summed over threads).
+WORKER_COUNTERS = ("hook_s", "staging_wait_s", "tail_s", "populate_s")
+
+
+def _worker_table(docs: list[dict]) -> list[str]:
+    """The worker's counters per (b) call: each pass's change from the pass before it in
+    the same process (the first pass of a process has no baseline), divided by the
+    pass's generate calls (its timed calls and its lead-in); medians over passes, ms."""
+    groups: dict[tuple, list[dict]] = {}
+    for d in docs:
+        for r in d.get("runs", []):
+            prev = None
+            for ps in r.get("passes", []):
+                now = next((x for x in ps.get("transport") or [] if isinstance(x, dict)),
+                           None)
+                if now and prev and all(k in now and k in prev for k in WORKER_COUNTERS):
+                    calls = len(ps.get("calls_s") or []) + (1 if ps.get("lead_in") else 0)
+                    if calls:
+                        groups.setdefault((_run_mode(r), _pass_loop(r, ps), ps["batch"]),
+                                          []).append({k: (now[k] - prev[k]) / calls * 1e3
+                                                      for k in WORKER_COUNTERS})
+                prev = now
+    rows = []
+    for key, vals in sorted(groups.items(), key=lambda kv: _row_order(kv[0])):
+        cells = " | ".join(f"{_median([v[k] for v in vals]):.1f}" for k in WORKER_COUNTERS)
+        rows.append(f"| {_label(key[0], key[1])} | {key[2]} | {len(vals)} | {cells} |")
+    if not rows:
+        return []
+    return ["", "The capturing worker, per (b) call (a pass's change in the worker's counters "
+            "over its generate calls, lead-in included; medians over passes; the first pass "
+            "of each process has no baseline):", "",
+            "| path | batch | passes | hooks on the forward thread, ms | hooks waiting for "
+            "staging room, ms | copies left after the last step, ms | copy threads, ms "
+            "(summed) |", "|---|---:|---:|---:|---:|---:|---:|", *rows]
+
+
 def _gib(nbytes) -> str:
     return "" if nbytes is None else f"{nbytes / 2**30:.2f}"
 
@@ -747,6 +785,7 @@ def render_markdown(docs: list[dict], files: list[str] | None = None) -> str:
         lines += _transport_table(bench)
         lines += _counters_table(bench, rows)
         lines += _call_split_table(bench)
+        lines += _worker_table(bench)
         lines += _rss_table(agg, modes)
         lines += _correctness(agg, (bench[0].get("params") or {}).get("check_seqs"))
         lines += _targets(agg, rows)

@@ -193,3 +193,23 @@ def test_the_offline_script_table_renders_beside_and_its_file_is_named():
     assert files == "Files: `docs/results/g.json`, `docs/results/o.json`."  # re-renderable
     row = next(line for line in md.splitlines() if line.startswith("| 0.4.0.1 |"))
     assert "| 256 | 228,000 | 8 | 6.00 | 42.7 | 38,000 |" in row and row.endswith("| yes |")
+
+
+def test_the_worker_counters_are_shown_per_call_from_one_pass_to_the_next():
+    def counters(hook, wait, tail, populate):
+        return [{"hook_s": hook, "staging_wait_s": wait, "tail_s": tail,
+                 "populate_s": populate, "streamed": 1}]
+
+    passes = [
+        {"loop": "held", "batch": 32, "calls_s": [0.7] * 3, "lead_in": {"seqs": 32},
+         "transport": counters(0.5, 0.0, 0.01, 3.0)},  # the first pass: no baseline
+        {"loop": "held", "batch": 32, "calls_s": [0.7] * 3, "lead_in": {"seqs": 32},
+         "transport": counters(0.54, 0.004, 0.0104, 4.2)},
+        {"loop": "held", "batch": 8, "calls_s": [0.2] * 4, "transport": [None]},
+    ]
+    lines = gr._worker_table([{"runs": [{"mode": B, "passes": passes}]}])
+    row = next(line for line in lines if line.startswith("| (b)"))
+    # (0.54 - 0.5) s over 3 calls and the lead-in: 10 ms a call; 300 ms of copy threads
+    assert row.endswith("| 32 | 1 | 10.0 | 1.0 | 0.1 | 300.0 |"), row
+    assert len([line for line in lines if line.startswith("| (b)")]) == 1  # no counters
+    assert gr._worker_table([{"runs": [{"mode": B, "passes": passes[:1]}]}]) == []
