@@ -6,6 +6,8 @@ shape and one set of token ids:
   a             vLLM ``LLM.generate(max_tokens=1)`` with speculators' engine limits
                 (enforce_eager, max_num_seqs 32, max_num_batched_tokens 8192, no prefix
                 caching): the prefill ceiling; no hidden state leaves the engine.
+                ``--a-async-scheduling off`` schedules it step by step, as speculators'
+                loop does (render such a file on its own: its (a) is another engine).
   b:<release>   speculators' own ``VllmHiddenStatesGenerator`` through the shim
                 (``speculators_compat.activate()``), one per ``--spec VERSION=DIR``
                 (``PYTHONPATH`` selects the release).
@@ -440,6 +442,7 @@ def run_passes(p: dict, res: dict, ex, peak: _Peak) -> None:
     ex.check(warm, out)
     del out
     res["warmup_s"] = time.perf_counter() - t
+    ex.steps_install()
     loops.trim()
     res["rss_after_warmup_kib"] = loops.rss().get("vmrss_kib")
     plan = pass_plan(p)
@@ -468,6 +471,7 @@ def run_passes(p: dict, res: dict, ex, peak: _Peak) -> None:
             peak.read()
             before = ex.stats()
             ex.reset_timers()
+            ex.steps_take()  # what ran between passes is not the pass's
             t = time.time()
             rec = loops.run_pass(ex, loop, seqs, size, lead_in=warm[:size], save_dir=save_dir,
                                  check_pool=pool, keep=keep, check=ex.check)
@@ -476,6 +480,7 @@ def run_passes(p: dict, res: dict, ex, peak: _Peak) -> None:
             rec["driver"] = loops.stats_delta(before, after)
             rec["driver_abs"] = after
             rec["transport"] = ex.worker_stats()
+            rec["worker_steps"] = ex.steps_take()
             peak.read()
             res["passes"].append(rec)
             _emit(p, res, peak)
@@ -501,6 +506,70 @@ class _Extractor(loops.Extractor):
     def worker_stats(self):
         return None
 
+    #: ``collective_rpc`` of the path's engine (set by each path).
+    rpc = None
+
+    def steps_install(self) -> None:
+        if self.rpc is not None:
+            _try(lambda: self.rpc(_steps_install))
+
+    def steps_take(self):
+        """The workers' steps since the last take (one summary per worker), or None."""
+        return None if self.rpc is None else _try(lambda: self.rpc(_steps_take))
+
+
+def _steps_install(worker) -> bool:
+    """Runs in each vLLM worker: record the start and end of every ``execute_model`` and
+    ``sample_tokens`` (the forward step and its sampling, where the GPU work is launched
+    and waited for), for (a), (b) and (c) alike; results unchanged."""
+    inner = vars(worker).get("worker") if hasattr(worker, "__dict__") else None
+    inner = inner if inner is not None else worker
+    if getattr(inner, "_bench_steps", None) is not None:
+        return True
+    events: list = []
+    inner._bench_steps = events
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                events.append((name, t0, time.perf_counter()))
+        return wrapper
+
+    for name in ("execute_model", "sample_tokens"):
+        setattr(inner, name, timed(name, getattr(inner, name)))
+    return True
+
+
+def _steps_take(worker) -> dict | None:
+    """Runs in each vLLM worker: the steps recorded since the last take, summarised:
+    ``steps`` (``execute_model`` calls), ``busy_s`` (the time covered by any step or
+    sampling: the union of their intervals), ``execute_s`` / ``sample_s`` (their sums)."""
+    inner = vars(worker).get("worker") if hasattr(worker, "__dict__") else None
+    inner = inner if inner is not None else worker
+    events = getattr(inner, "_bench_steps", None)
+    if events is None:
+        return None
+    taken, events[:] = list(events), []
+    return steps_summary(taken)
+
+
+def steps_summary(events: list) -> dict:
+    busy, end = 0.0, None
+    for _name, t0, t1 in sorted(events, key=lambda e: e[1]):
+        if end is None or t0 >= end:
+            busy += t1 - t0
+            end = t1
+        elif t1 > end:
+            busy += t1 - end
+            end = t1
+    return {"steps": sum(1 for e in events if e[0] == "execute_model"),
+            "busy_s": busy,
+            "execute_s": sum(t1 - t0 for n, t0, t1 in events if n == "execute_model"),
+            "sample_s": sum(t1 - t0 for n, t0, t1 in events if n == "sample_tokens")}
+
 
 class _VllmPrefill(_Extractor):
     """(a): ``LLM.generate(max_tokens=1)``; nothing to hold."""
@@ -509,6 +578,7 @@ class _VllmPrefill(_Extractor):
         from vllm import SamplingParams
 
         self.llm, self.sp = llm, SamplingParams(max_tokens=1, temperature=0.0)
+        self.rpc = llm.collective_rpc
 
     def call(self, batch):
         return self.llm.generate([{"prompt_token_ids": s} for s in batch], self.sp,
@@ -525,8 +595,14 @@ def child_a(p: dict) -> None:
     res = _child_result_base(p)
     peak = _Peak()
     t = time.perf_counter()
-    llm = LLM(**_llm_kwargs(p))
+    kw = _llm_kwargs(p)
+    if p.get("a_async_scheduling") == "off":
+        kw["async_scheduling"] = False
+    llm = LLM(**kw)
     res["startup_s"] = time.perf_counter() - t
+    # what the engine settled on (None where the release has no such setting)
+    res["async_scheduling"] = _try(
+        lambda: llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
     res["workers"] = _try(lambda: llm.collective_rpc(_runner_info))
     _check_workers(p, res["workers"])
     run_passes(p, res, _VllmPrefill(llm), peak)
@@ -539,6 +615,7 @@ class _Generator(_Extractor):
 
     def __init__(self, gen, layers: list[int]) -> None:
         self.gen, self.layers = gen, layers
+        self.rpc = gen.executor.collective_rpc
 
     def call(self, batch):
         return self.gen.generate([list(s) for s in batch])
@@ -678,6 +755,7 @@ class _Native(_Extractor):
 
     def __init__(self, llm, n_aux: int, hidden: int | None) -> None:
         self.llm, self.n_aux, self.hidden = llm, n_aux, hidden
+        self.rpc = llm.collective_rpc
         self._timers = {"generate_s": 0.0, "load_s": 0.0}
 
     def call(self, batch):
@@ -1028,6 +1106,7 @@ class Parent:
                     "tokens": toks["tokens"], "tokens_sha": toks["sha"], "seed": a.seed,
                     "tiny": a.tiny, "v2": a.v2, "c_chunked_prefill": a.c_chunked_prefill,
                     "c_layer_offset": a.c_layer_offset, "gpu_mem": a.gpu_mem,
+                    "a_async_scheduling": a.a_async_scheduling,
                     "tp": a.tp, "loops": loops_arg(a.loops), "round_procs": a.round_procs,
                     "deadline": a.deadline, "specs": dict(a.spec)})
         self.save()
@@ -1047,6 +1126,7 @@ class Parent:
                 "work": str(self.work), "gpu_mem": a.gpu_mem,
                 "c_storage": a.c_storage or str(self.work / "c-store"),
                 "c_chunked_prefill": a.c_chunked_prefill, "c_layer_offset": a.c_layer_offset,
+                "a_async_scheduling": a.a_async_scheduling,
                 "tp": a.tp, "hidden_size": (build.get("config") or {}).get("hidden_size"),
                 "loops": loops_arg(a.loops), "save_dir": a.save_dir,
                 "check_threads": a.check_threads}
@@ -1246,6 +1326,10 @@ def run_parser() -> argparse.ArgumentParser:
                    help="VLLM_USE_V2_MODEL_RUNNER for every child")
     p.add_argument("--c-chunked-prefill", action="store_true",
                    help="leave chunked prefill on in (c) (vLLM's example turns it off)")
+    p.add_argument("--a-async-scheduling", default="default", choices=["default", "off"],
+                   help="(a) with vLLM's async scheduling off: scheduled step by step like "
+                        "speculators' loop (vLLM overlaps the next step's scheduling with "
+                        "the running one by default)")
     p.add_argument("--c-layer-offset", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--c-storage", default=None, help="(c)'s shared_storage_path parent")
     p.add_argument("--deadline", type=float, default=525, help="seconds for the whole run")

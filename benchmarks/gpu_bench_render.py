@@ -389,7 +389,9 @@ def _header(docs: list[dict], files: list[str] | None) -> list[str]:
         f"tokens, sha {p.get('tokens_sha')}) per pass; layers {p.get('layers')}; max_model_len "
         f"{p.get('max_model_len')}; {p.get('rounds')} round(s)"
         + (f" ({', '.join(sorted(procs))} processes)" if procs else "")
-        + f"; (c) chunked prefill {'on' if p.get('c_chunked_prefill') else 'off'}.",
+        + f"; (c) chunked prefill {'on' if p.get('c_chunked_prefill') else 'off'}"
+        + ("; (a) with async scheduling off" if p.get("a_async_scheduling") == "off"
+           else "") + ".",
         *([f"Files: {', '.join(f'`{f}`' for f in files)}."] if files else []),
     ]
     return lines
@@ -611,6 +613,38 @@ def _worker_table(docs: list[dict]) -> list[str]:
             "(summed) |", "|---|---:|---:|---:|---:|---:|---:|", *rows]
 
 
+def _steps_table(docs: list[dict]) -> list[str]:
+    """Per call of every path, what its worker (rank 0) did: ``execute_model`` steps, the
+    time covered by steps and sampling (``busy``), and the rest of the call (the driver,
+    the engine core's loop, the RPCs and everything between steps); from each pass's
+    ``worker_steps`` over its generate calls (lead-in included), medians over passes."""
+    groups: dict[tuple, list[tuple]] = {}
+    for d in docs:
+        for r in d.get("runs", []):
+            for ps in r.get("passes", []):
+                ws = next((x for x in ps.get("worker_steps") or [] if isinstance(x, dict)),
+                          None)
+                calls_s = ps.get("calls_s") or []
+                if not ws or not calls_s:
+                    continue
+                n = len(calls_s) + (1 if ps.get("lead_in") else 0)
+                call = sum(calls_s) / len(calls_s)
+                busy = ws["busy_s"] / n
+                groups.setdefault((_run_mode(r), _pass_loop(r, ps), ps["batch"]), []).append(
+                    (ws["steps"] / n, call * 1e3, busy * 1e3, (call - busy) * 1e3))
+    rows = []
+    for key, vals in sorted(groups.items(), key=lambda kv: _row_order(kv[0])):
+        cells = " | ".join(f"{_median([v[i] for v in vals]):.1f}" for i in range(4))
+        rows.append(f"| {_label(key[0], key[1])} | {key[2]} | {len(vals)} | {cells} |")
+    if not rows:
+        return []
+    return ["", "The worker's steps per call (rank 0; `execute_model` and `sample_tokens` "
+            "timed in the worker; busy = the time covered by them; the rest = the call "
+            "minus busy; medians over passes):", "",
+            "| path | batch | passes | steps | call, ms | worker busy, ms | rest of the "
+            "call, ms |", "|---|---:|---:|---:|---:|---:|---:|", *rows]
+
+
 def _gib(nbytes) -> str:
     return "" if nbytes is None else f"{nbytes / 2**30:.2f}"
 
@@ -786,6 +820,7 @@ def render_markdown(docs: list[dict], files: list[str] | None = None) -> str:
         lines += _counters_table(bench, rows)
         lines += _call_split_table(bench)
         lines += _worker_table(bench)
+        lines += _steps_table(bench)
         lines += _rss_table(agg, modes)
         lines += _correctness(agg, (bench[0].get("params") or {}).get("check_seqs"))
         lines += _targets(agg, rows)

@@ -213,3 +213,22 @@ def test_the_worker_counters_are_shown_per_call_from_one_pass_to_the_next():
     assert row.endswith("| 32 | 1 | 10.0 | 1.0 | 0.1 | 300.0 |"), row
     assert len([line for line in lines if line.startswith("| (b)")]) == 1  # no counters
     assert gr._worker_table([{"runs": [{"mode": B, "passes": passes[:1]}]}]) == []
+
+
+def test_steps_are_summarised_as_the_union_of_their_intervals():
+    events = [("execute_model", 0.0, 0.1), ("sample_tokens", 0.05, 0.3),  # overlapping
+              ("execute_model", 0.5, 0.6), ("sample_tokens", 0.6, 0.7)]
+    got = gb.steps_summary(events)
+    assert got["steps"] == 2
+    assert abs(got["busy_s"] - 0.5) < 1e-9  # 0.0-0.3 and 0.5-0.7, not 0.6 summed
+    assert abs(got["execute_s"] - 0.2) < 1e-9 and abs(got["sample_s"] - 0.35) < 1e-9
+
+
+def test_the_steps_table_gives_each_call_its_worker_time_and_the_rest():
+    passes = [{"loop": "held", "batch": 32, "calls_s": [0.74] * 3, "lead_in": {"seqs": 32},
+               "worker_steps": [{"steps": 16, "busy_s": 2.8, "execute_s": 2.0,
+                                 "sample_s": 0.8}]}]
+    lines = gr._steps_table([{"runs": [{"mode": B, "passes": passes}]}])
+    row = next(line for line in lines if line.startswith("| (b)"))
+    # 16 steps and 2.8 s over 4 calls: 4 steps, 700 ms busy of a 740 ms call, 40 ms rest
+    assert row.endswith("| 32 | 1 | 4.0 | 740.0 | 700.0 | 40.0 |"), row
