@@ -599,10 +599,7 @@ def _worker_table(docs: list[dict]) -> list[str]:
                                           []).append({k: (now[k] - prev[k]) / calls * 1e3
                                                       for k in WORKER_COUNTERS})
                 prev = now
-    rows = []
-    for key, vals in sorted(groups.items(), key=lambda kv: _row_order(kv[0])):
-        cells = " | ".join(f"{_median([v[k] for v in vals]):.1f}" for k in WORKER_COUNTERS)
-        rows.append(f"| {_label(key[0], key[1])} | {key[2]} | {len(vals)} | {cells} |")
+    rows = _median_rows(groups, WORKER_COUNTERS)
     if not rows:
         return []
     return ["", "The capturing worker, per (b) call (a pass's change in the worker's counters "
@@ -611,6 +608,16 @@ def _worker_table(docs: list[dict]) -> list[str]:
             "| path | batch | passes | hooks on the forward thread, ms | hooks waiting for "
             "staging room, ms | copies left after the last step, ms | copy threads, ms "
             "(summed) |", "|---|---:|---:|---:|---:|---:|---:|", *rows]
+
+
+def _median_rows(groups: dict[tuple, list], fields) -> list[str]:
+    """One table row per (mode, loop, batch): the passes' medians of ``fields`` (keys or
+    indices of each pass's values), one decimal."""
+    rows = []
+    for key, vals in sorted(groups.items(), key=lambda kv: _row_order(kv[0])):
+        cells = " | ".join(f"{_median([v[f] for v in vals]):.1f}" for f in fields)
+        rows.append(f"| {_label(key[0], key[1])} | {key[2]} | {len(vals)} | {cells} |")
+    return rows
 
 
 def _steps_table(docs: list[dict]) -> list[str]:
@@ -632,10 +639,7 @@ def _steps_table(docs: list[dict]) -> list[str]:
                 busy = ws["busy_s"] / n
                 groups.setdefault((_run_mode(r), _pass_loop(r, ps), ps["batch"]), []).append(
                     (ws["steps"] / n, call * 1e3, busy * 1e3, (call - busy) * 1e3))
-    rows = []
-    for key, vals in sorted(groups.items(), key=lambda kv: _row_order(kv[0])):
-        cells = " | ".join(f"{_median([v[i] for v in vals]):.1f}" for i in range(4))
-        rows.append(f"| {_label(key[0], key[1])} | {key[2]} | {len(vals)} | {cells} |")
+    rows = _median_rows(groups, range(4))
     if not rows:
         return []
     return ["", "The worker's steps per call (rank 0; `execute_model` and `sample_tokens` "
