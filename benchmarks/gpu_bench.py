@@ -954,6 +954,15 @@ def expand_modes(modes: str, specs: list[tuple[str, str]]) -> list[str]:
     return out
 
 
+def b_env_arg(text: str) -> tuple[str, dict[str, str]]:
+    """``--b-env LABEL:NAME=VALUE`` -> (LABEL, {NAME: VALUE})."""
+    label, sep, rest = text.partition(":")
+    name, eq, value = rest.partition("=")
+    if not (sep and eq and label and name):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LABEL:NAME=VALUE")
+    return label, {name: value}
+
+
 def loops_arg(text: str) -> list[str]:
     """``--loops``: a comma-separated subset of :data:`gpu_bench_loops.LOOPS`, in order."""
     names = [x.strip() for x in text.split(",") if x.strip()]
@@ -1028,6 +1037,8 @@ class Parent:
         env.pop("SPECULATORS_COMPAT_ACTIVE", None)
         if self.a.v2 != "unset":
             env["VLLM_USE_V2_MODEL_RUNNER"] = self.a.v2
+        if mode.startswith("b:"):
+            env.update(dict(self.a.b_env).get(mode[2:], {}))
         return env
 
     def run_child(self, mode: str, params: dict, timeout: float) -> dict:
@@ -1269,6 +1280,12 @@ def main(argv: list[str] | None = None) -> int:
         return render(argv[1:])
     a = run_parser().parse_args(argv)
     a.spec = [(v, os.path.abspath(d)) for v, d in a.spec]
+    envs: dict[str, dict[str, str]] = {}
+    for label, kv in a.b_env:
+        if label not in dict(a.spec):
+            raise SystemExit(f"--b-env {label}:...: no --spec {label}=DIR")
+        envs.setdefault(label, {}).update(kv)
+    a.b_env = list(envs.items())
     loops_arg(a.loops)
     if a.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
@@ -1289,6 +1306,12 @@ def run_parser() -> argparse.ArgumentParser:
                    help="where the checkpoint is built and reused (default WORK/ckpt)")
     p.add_argument("--spec", action="append", default=[],
                    type=lambda s: tuple(s.split("=", 1)), help="VERSION=DIR (repeatable)")
+    p.add_argument("--b-env", action="append", default=[], type=b_env_arg,
+                   metavar="LABEL:NAME=VALUE",
+                   help="an environment variable for (b) of the --spec LABEL only "
+                        "(repeatable), e.g. --spec 0.4.0.1-sync=DIR --b-env "
+                        "0.4.0.1-sync:SPECULATORS_COMPAT_DISABLE=step_overlap: the same "
+                        "release with an adapter off, beside it in the same run")
     p.add_argument("--site", default=None, help="folder with vLLM and its dependencies")
     p.add_argument("--modes", default="a,c,b",
                    help="a, b (every --spec), b:<version>, c; children run in this order")

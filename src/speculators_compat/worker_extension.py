@@ -96,6 +96,17 @@ class _CompatHiddenStatesExtension:
             sender.end_calls()
             return wire.fallback_reply(states, f"shared memory refused in the worker: {exc!r}")
 
+    def _compat_step(self, scheduler_output) -> None:
+        """One of speculators' steps in one message (the ``step_overlap`` adapter): the
+        forward and, where vLLM splits it off (0.11.1+), the sampling that must follow
+        before the next step. The driver sends it without waiting and reads no output,
+        so none is sent back."""
+        out = self.execute_model(scheduler_output)
+        sample = getattr(self, "sample_tokens", None)
+        if out is None and callable(sample):
+            sample(None)
+        return None
+
     def _speculators_compat_report(self) -> dict | None:
         from ._process import worker_report
 

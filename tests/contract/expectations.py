@@ -170,6 +170,12 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
         # them.
         lambda e: _status(e.speculators_04 and e.vllm >= V("0.12.0.dev0")),
         "speculators 0.4.x sends every step's token counts to the workers"),
+    "step_overlap": (
+        # Follows hook_capture (the step RPC is the shim's extension's); vLLM 0.11.1 queues
+        # non-blocking replies in order (FutureWrapper, futures_queue); both releases'
+        # loops wait for every step and read no output.
+        lambda e: _status(e.speculators < V("0.5.0.dev0") and e.vllm >= V("0.11.1.dev0")),
+        "speculators' generate() waits for every step's reply and reads none"),
     "block_hasher_unused": (
         # Only 0.4.x passes a block_hasher; every vLLM it runs on defaults it to None.
         lambda e: _status(e.speculators_04),

@@ -36,7 +36,8 @@ def _dependents(name: str) -> dict[str, str]:
 
 def test_the_registry_declares_the_capture_dependencies():
     assert _dependents("hook_capture") == {"request_metadata_in_driver": "hook_capture",
-                                           "shm_transport": "hook_capture"}
+                                           "shm_transport": "hook_capture",
+                                           "step_overlap": "hook_capture"}
 
 
 def test_disabling_an_adapter_turns_off_what_requires_it(base: Base, monkeypatch):

@@ -115,4 +115,5 @@ def test_the_real_registry_declares_requirements_it_holds_earlier():
             assert r in names[:i], (a.name, r)
     requires = {a.name: a.requires for a in ADAPTERS if a.requires}
     assert requires == {"request_metadata_in_driver": ("hook_capture",),
-                        "shm_transport": ("hook_capture",)}
+                        "shm_transport": ("hook_capture",),
+                        "step_overlap": ("hook_capture",)}

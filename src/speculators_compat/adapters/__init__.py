@@ -33,6 +33,7 @@ from .scheduler_prefill_only import SchedulerPrefillOnly
 from .scheduling_sync import SchedulingSync
 from .shm_transport import ShmTransport
 from .speculators_supported import SpeculatorsSupported
+from .step_overlap import StepOverlap
 from .transformers5_config_dataclass import Transformers5ConfigDataclass
 from .transformers5_config_pad_token import Transformers5ConfigPadToken
 from .transformers5_config_torch import Transformers5ConfigTorch
@@ -65,6 +66,7 @@ ADAPTERS: list[Adapter] = [
     KVCacheLayoutResolution(),
     ExecutorSampleTokens(),
     HookCapture(),  # before the adapters that require it (shm_transport, ...)
+    StepOverlap(),  # replaces the step: outside executor_sample_tokens
     RequestMetadataInDriver(),
     ShmTransport(),  # inside collective_rpc_unique_reply: it sees vLLM's reply convention
     CollectiveRpcUniqueReply(),
