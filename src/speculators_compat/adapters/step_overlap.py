@@ -94,17 +94,19 @@ class StepOverlap(GeneratorAdapter):
             if keep_last and len(pending) == 1:
                 return
             done, rest = (pending[:-1], pending[-1:]) if keep_last else (pending, [])
+            # An interrupt (KeyboardInterrupt) is not caught: it leaves at once, with the
+            # steps still in flight (generate_guard then makes the generator unusable).
             first = None
             for fut in done:
                 try:
                     fut.result()
-                except BaseException as exc:  # noqa: BLE001 - re-raised below
+                except Exception as exc:  # noqa: BLE001 - re-raised below
                     first = first or exc
             if first is not None:
                 for fut in rest:  # nothing stays in flight behind a failed step
                     try:
                         fut.result()
-                    except BaseException:  # noqa: BLE001, S110 - the first error wins
+                    except Exception:  # noqa: BLE001, S110 - the first error wins
                         pass
                 self._compat_steps = []
                 raise first
