@@ -82,8 +82,8 @@ def test_all_adapters_leave_vllm_untouched(base: Base):
             # one thin subclass per applied adapter that rebinds the name, stacked in
             # registry order (the last one outermost)
             executor_shims = [n for n in ("kv_cache_layout_resolution", "executor_sample_tokens",
-                                          "step_overlap", "request_metadata_in_driver", "shm_transport",
-                                          "collective_rpc_unique_reply",
+                                          "step_overlap", "request_metadata_in_driver",
+                                          "shm_transport", "collective_rpc_unique_reply",
                                           "executor_warmup_split")
                               if statuses[n] is APPLIED]
             mro = gen.MultiprocExecutor.__mro__
