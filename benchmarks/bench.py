@@ -774,5 +774,14 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
+def _exit_on_signal(signum, _frame) -> None:
+    """SIGTERM / SIGHUP end the benchmark as Ctrl+C does: through the ``finally`` that
+    kills the running child's session (its vLLM processes would otherwise outlive it)."""
+    sys.exit(128 + signum)
+
+
 if __name__ == "__main__":
+    if "--child" not in sys.argv:
+        for _sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(_sig, _exit_on_signal)
     sys.exit(main())

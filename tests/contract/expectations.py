@@ -184,6 +184,17 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
         # speculators' own generate() hazard, independent of the vLLM release.
         lambda e: _status(e.speculators < V("0.5.0.dev0")),
         "generate() adds requests before running; a failure leaks into the next call"),
+    "shutdown_at_exit": (
+        # speculators' own __del__ (both releases) is its only shutdown, independent of the
+        # vLLM release.
+        lambda e: _status(e.speculators < V("0.5.0.dev0")),
+        "speculators 0.3/0.4 stop the executor only in __del__ (teardown, at exit)"),
+    "spawn_main_guard": (
+        # The generator starts MultiprocExecutor itself on every release; whether its
+        # workers spawn is decided per construction (the adapter checks it there).
+        lambda e: _status(e.speculators < V("0.5.0.dev0")),
+        "spawned workers run the main script again; an unguarded one builds a generator "
+        "in every worker"),
     "draft_aux_layers": (
         # speculators' own numbering vs. vLLM's (output of layer k = vLLM id k + 1) and a
         # draft config that names no layers: every vLLM release, both speculators releases.

@@ -133,3 +133,14 @@ def test_speculators_without_generator_is_refused():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "REFUSED" in proc.stdout and "0.5.0" in proc.stdout
     assert "extract_hidden_states" in proc.stdout
+
+
+def test_generator_built_outside_the_main_guard_is_refused_before_workers_start():
+    """Spawned workers run the main script again: an unguarded script gets a CompatError
+    naming its file, line and fix, before any worker starts."""
+    require_speculators()
+    r = run_script("unguarded.py", "--model", checkpoint("llama"))
+    assert r["raised"] == "CompatError", r
+    msg = r["message"]
+    assert f"{r['script']} (line " in msg and 'if __name__ == "__main__":' in msg, msg
+    assert r["children"] == 0 and r["seconds"] < 5, r

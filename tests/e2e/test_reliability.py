@@ -71,3 +71,14 @@ def test_worker_killed_while_idle_is_named(rel):
     info = _section(rel, "killed_while_idle")
     _names_dead_worker(info["next_call"], info["pid"])
     _names_dead_worker(info["again"], info["pid"])
+
+
+def test_generator_alive_at_exit_stops_its_workers_cleanly():
+    """A script ending with its generator alive exits 0 without an ignored exception or
+    traceback, and leaves no vLLM worker behind."""
+    require_speculators()
+    r = run_script("exit_alive.py", "--model", checkpoint("llama"))
+    assert r["child"].get("returned") == 2 and r["child"].get("applied"), r
+    assert r["rc"] == 0, r["tail"]
+    assert not r["ignored_exception"] and not r["traceback"], r["tail"]
+    assert r["workers_left"] == [], r

@@ -32,6 +32,8 @@ from .scheduler_config_encoder_decoder import SchedulerConfigEncoderDecoder
 from .scheduler_prefill_only import SchedulerPrefillOnly
 from .scheduling_sync import SchedulingSync
 from .shm_transport import ShmTransport
+from .shutdown_at_exit import ShutdownAtExit
+from .spawn_main_guard import SpawnMainGuard
 from .speculators_supported import SpeculatorsSupported
 from .step_overlap import StepOverlap
 from .transformers5_config_dataclass import Transformers5ConfigDataclass
@@ -73,6 +75,8 @@ ADAPTERS: list[Adapter] = [
     ExecutorWarmupSplit(),
     ResultOrderNatural(),
     GenerateGuard(),
+    ShutdownAtExit(),
+    SpawnMainGuard(),  # inside worker_spawn_method: sees the start method it sets
     DraftAuxLayers(),  # outermost on __init__: records a generator that was built
     WorkerSpawnMethod(),
 ]

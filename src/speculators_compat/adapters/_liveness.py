@@ -8,12 +8,23 @@ neither of which says that a process died or what to do.
 How: the executor keeps a handle per worker (``executor.workers[i].proc``, a
 ``multiprocessing`` process) and sets ``is_failed``; :func:`dead_workers` reads those
 (probed with ``getattr``: an executor without them has nothing to report) and
-:func:`describe` names each dead worker with its pid and exit code.
+:func:`describe` names each dead worker with its pid and exit code, and what the signal
+that killed it usually means.
 """
 
 from __future__ import annotations
 
 import signal
+
+#: What a worker killed by these signals usually ran into.
+SIGNAL_HINTS = {
+    "SIGKILL": "often the out-of-memory killer: check the system log (dmesg)",
+    "SIGILL": ("an instruction this CPU lacks: the vLLM or PyTorch build needs CPU features "
+               "(e.g. AVX-512) this machine does not have; install a build for this CPU"),
+    "SIGSEGV": "a crash in native code (a CUDA/driver or vLLM kernel problem)",
+    "SIGBUS": ("a bad memory access, often /dev/shm too small for vLLM's shared memory "
+               "(containers: raise --shm-size)"),
+}
 
 
 def dead_workers(executor) -> list[str]:
@@ -30,9 +41,13 @@ def dead_workers(executor) -> list[str]:
         how = f"exit code {code}"
         if code < 0:
             try:
-                how += f", killed by {signal.Signals(-code).name}"
+                name = signal.Signals(-code).name
             except ValueError:
                 pass
+            else:
+                how += f", killed by {name}"
+                if name in SIGNAL_HINTS:
+                    how += f": {SIGNAL_HINTS[name]}"
         found.append(f"worker {getattr(proc, 'name', rank)} (pid {proc.pid}, {how})")
     if not found and getattr(executor, "is_failed", False) is True:
         found.append("a worker (vLLM's executor marked itself failed)")
@@ -42,5 +57,4 @@ def dead_workers(executor) -> list[str]:
 def describe(dead: list[str], rebuild: str) -> str:
     return (f"speculators-compat: vLLM's worker process died: {'; '.join(dead)}. vLLM shut "
             "this generator's executor down, so it cannot run any more (a call in flight "
-            "returned nothing). Check the system log for the cause (e.g. the out-of-memory "
-            f"killer). {rebuild}")
+            f"returned nothing). Check the system log for the cause. {rebuild}")
