@@ -72,6 +72,7 @@ Render (here, after the device run; several JSON files are merged; the renderer 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -610,12 +611,40 @@ def child_a(p: dict) -> None:
     _emit(p, res, peak)
 
 
+def _time_steps_in_flight(executor, counter: dict) -> None:
+    """Where ``step_overlap`` sends the steps one ahead, the generator's loop ends once it
+    has sent the last step, and the next RPC (the states' export) first waits for the
+    steps still running. Time that wait apart (``counter["steps_wait_s"]``), so the
+    per-call table counts it as steps, not as states to the driver: the executor's
+    ``collective_rpc`` (an instance attribute over the shim's) waits for those steps
+    first. What is computed is unchanged: the shim's own wait then finds them done, and
+    reads each step's result (or error) as before."""
+    rpc = executor.collective_rpc
+
+    @functools.wraps(rpc)  # callers probe its signature (generate_guard: timeout=)
+    def collective_rpc(method, *args, **kwargs):
+        pending = list(executor.__dict__.get("_compat_steps") or ())
+        if pending:
+            t = time.perf_counter()
+            for fut in pending:
+                try:
+                    fut.result()
+                except Exception:  # noqa: BLE001, S110 - the shim raises it next
+                    pass
+            counter["steps_wait_s"] += time.perf_counter() - t
+        return rpc(method, *args, **kwargs)
+
+    executor.collective_rpc = collective_rpc
+
+
 class _Generator(_Extractor):
     """(b): speculators' ``VllmHiddenStatesGenerator.generate`` through the shim."""
 
     def __init__(self, gen, layers: list[int]) -> None:
         self.gen, self.layers = gen, layers
         self.rpc = gen.executor.collective_rpc
+        self.steps_wait = {"steps_wait_s": 0.0}
+        _time_steps_in_flight(gen.executor, self.steps_wait)
 
     def call(self, batch):
         return self.gen.generate([list(s) for s in batch])
@@ -647,7 +676,8 @@ class _Generator(_Extractor):
         return [list(r["hidden_states"]) for r in out]
 
     def stats(self):
-        return loops.find_stats(getattr(self.gen, "executor", None), self.gen)
+        found = loops.find_stats(getattr(self.gen, "executor", None), self.gen)
+        return None if found is None else {**found, **self.steps_wait}
 
     def worker_stats(self):
         return _try(lambda: self.gen.executor.collective_rpc(_transport_stats))

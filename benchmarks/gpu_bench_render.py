@@ -546,7 +546,10 @@ def _call_split_table(docs: list[dict]) -> list[str]:
                         continue
                     n = len(sel)
                     call = sum(c for c, _ in sel) / n
-                    fetch = sum(dc.get("fetch_s", 0) for _, dc in sel) / n
+                    # the wait for steps still running when the loop sent its last one
+                    # (step_overlap) belongs to the steps, not to the states' transfer
+                    fetch = sum(dc.get("fetch_s", 0) - dc.get("steps_wait_s", 0)
+                                for _, dc in sel) / n
                     copy = sum(dc.get("copy_s", 0) for _, dc in sel) / n
                     early = (sum(dc.get("early_bytes", 0) for _, dc in sel) / n / 2**20
                              if any("early_bytes" in dc for _, dc in sel) else None)
@@ -567,8 +570,10 @@ def _call_split_table(docs: list[dict]) -> list[str]:
     if not rows:
         return []
     return ["", "Where a (b) call's time goes (per pass: means per call; then medians over "
-            "passes; steps = the call minus the transport's part in the driver; (a): vLLM's "
-            "own mean call, same file and batch):",
+            "passes; steps = the call minus the transport's part in the driver; where the "
+            "steps are sent one ahead, runs from 2026-12-05 count the wait for the last steps "
+            "as steps, earlier ones under states to the driver; (a): vLLM's own mean call, "
+            "same file and batch):",
             "", "| path | batch | calls | passes | n | call s | steps s | states to the driver s "
             "| of which copy s | MiB copied during the steps | after they arrived s "
             "| (a) call s |",
