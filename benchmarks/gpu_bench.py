@@ -614,11 +614,12 @@ def child_a(p: dict) -> None:
 def _time_steps_in_flight(executor, counter: dict) -> None:
     """Where ``step_overlap`` sends the steps one ahead, the generator's loop ends once it
     has sent the last step, and the next RPC (the states' export) first waits for the
-    steps still running. Time that wait apart (``counter["steps_wait_s"]``), so the
-    per-call table counts it as steps, not as states to the driver: the executor's
-    ``collective_rpc`` (an instance attribute over the shim's) waits for those steps
-    first. What is computed is unchanged: the shim's own wait then finds them done, and
-    reads each step's result (or error) as before."""
+    steps still running, inside the transport's timer of the export (``fetch_s``). Wait
+    for those steps first, in an instance attribute over the executor's
+    ``collective_rpc``, and time that apart (``counter["steps_wait_s"]``): the per-call
+    table then counts it as steps, not as states to the driver. What is computed is
+    unchanged: the shim's own wait finds the steps done and reads each one's result (or
+    error) as before."""
     rpc = executor.collective_rpc
 
     @functools.wraps(rpc)  # callers probe its signature (generate_guard: timeout=)

@@ -546,10 +546,9 @@ def _call_split_table(docs: list[dict]) -> list[str]:
                         continue
                     n = len(sel)
                     call = sum(c for c, _ in sel) / n
-                    # the wait for steps still running when the loop sent its last one
-                    # (step_overlap) belongs to the steps, not to the states' transfer
-                    fetch = sum(dc.get("fetch_s", 0) - dc.get("steps_wait_s", 0)
-                                for _, dc in sel) / n
+                    # where steps_wait_s was recorded, the wait for the last steps
+                    # (step_overlap) ran before the export RPC: fetch_s excludes it
+                    fetch = sum(dc.get("fetch_s", 0) for _, dc in sel) / n
                     copy = sum(dc.get("copy_s", 0) for _, dc in sel) / n
                     early = (sum(dc.get("early_bytes", 0) for _, dc in sel) / n / 2**20
                              if any("early_bytes" in dc for _, dc in sel) else None)
