@@ -40,6 +40,7 @@ BREAKDOWN_LABELS = {
     "schedule": "scheduler.schedule",
     "add_request": "scheduler.add_request",
     "finish_requests": "scheduler.finish_requests",
+    "steps in flight": "steps still running at the states' RPC (step_overlap)",
     "collective_rpc:_get_captured_states": "rpc _get_captured_states (take + transfer)",
     "collective_rpc:_reset_capture": "rpc _reset_capture",
     "collective_rpc:_set_request_metadata": "rpc _set_request_metadata",
