@@ -14,7 +14,9 @@ main script's top-level frame on the call stack and read the script's source (``
 when the line running there is not inside an ``if __name__ == "__main__":`` block and
 the workers will start with ``spawn``, raise ``CompatError`` naming the file and line and
 the fix. Where the source cannot be read, or there is no main script (``python -c``, a
-notebook, an interactive session: spawn runs nothing again there), it does nothing.
+notebook, an interactive session: spawn runs nothing again there), it does nothing. A
+script that keeps its workers from that line some other way (a condition on the process)
+opts out with ``SPECULATORS_COMPAT_DISABLE=spawn_main_guard``, as the message says.
 Applies when: speculators' generator starts vLLM's ``MultiprocExecutor`` itself (0.3/0.4).
 Remove when: speculators < 0.5 support is dropped.
 """
@@ -27,6 +29,7 @@ import sys
 import tokenize
 from types import FrameType, ModuleType
 
+from .. import _env
 from .._adapter import Context, Verdict
 from .._errors import CompatError
 from .._patcher import Patcher
@@ -114,7 +117,9 @@ def refusal(path: str, line: int) -> str:
             "starts the generator's workers with spawn, which runs this script again in "
             "every worker: each would build a generator of its own and fail to start. Put "
             "the code that builds and runs the generator under `if __name__ == "
-            "\"__main__\":` (as speculators' own scripts do). Nothing was started.")
+            "\"__main__\":` (as speculators' own scripts do). Nothing was started. (If the "
+            "script already keeps its workers from reaching this line, set "
+            f"{_env.DISABLE}=spawn_main_guard.)")
 
 
 class SpawnMainGuard(GeneratorAdapter):

@@ -65,7 +65,8 @@ def test_unguarded_top_level_refused_first(base, tmp_path, spawn, case):
                 run_as_main(tmp_path, SCRIPTS[case])
             msg = str(info.value)
             assert "user_script.py (line " in msg and "__name__" in msg, msg
-            assert "Nothing was started" in msg
+            assert "Nothing was started" in msg, msg
+            assert "SPECULATORS_COMPAT_DISABLE=spawn_main_guard" in msg, msg
         else:
             with pytest.raises(ValueError, match="out of bounds"):
                 run_as_main(tmp_path, SCRIPTS[case])
