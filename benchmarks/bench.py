@@ -50,7 +50,6 @@ The parent writes ``benchmarks/results.json`` (every child's raw JSON plus aggre
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
@@ -261,7 +260,7 @@ def _start_generator(p: dict):
     timers.wrap(gen.executor, "execute_model")
     timers.wrap(gen.executor, "sample_tokens")
     timers.wrap(gen.executor, "collective_rpc", by_method=True)
-    _time_steps_in_flight(gen.executor, timers)
+    bench_timers.wait_for_steps_first(gen.executor, timers.add_steps_in_flight)
     info = {"import_s": import_s, "startup_s": startup_s, "warmup_s": warm_s,
             "config": _configs(gen.vllm_config),
             "scheduler_limits": {
@@ -774,33 +773,6 @@ def main(argv=None) -> int:
     failed = [r for r in data["runs"] + data.get("prime", [])
               if "error" in r or r.get("ok") is False]
     return 1 if failed else 0
-
-
-def _time_steps_in_flight(executor, timers) -> None:
-    """With ``step_overlap`` the loop's last steps are still running when speculators asks
-    for the states: the RPC's first act is to wait for them. Wait for them outside the
-    RPC's timer, under a key of its own (``steps in flight``), so the RPC's time is the
-    take and transfer alone. Results unchanged: the shim then finds the steps done and
-    reads each one's result (or error) as before."""
-    rpc = executor.collective_rpc
-
-    @functools.wraps(rpc)
-    def collective_rpc(*args, **kwargs):
-        pending = list(executor.__dict__.get("_compat_steps") or ())
-        if pending:
-            t = time.perf_counter()
-            for fut in pending:
-                try:
-                    fut.result()
-                except Exception:  # noqa: BLE001, S110 - the shim raises it next
-                    pass
-            dt = time.perf_counter() - t
-            key = "steps in flight"
-            timers.seconds[key] = timers.seconds.get(key, 0.0) + dt
-            timers.calls[key] = timers.calls.get(key, 0) + 1
-        return rpc(*args, **kwargs)
-
-    executor.collective_rpc = collective_rpc
 
 
 def _exit_on_signal(signum, _frame) -> None:

@@ -15,9 +15,11 @@ need not import this module.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 
 def pickle_by_value() -> None:
@@ -118,6 +120,12 @@ class Timers:
                     timers.nested[k] = timers.nested.get(k, 0.0) + dt
 
         setattr(obj, name, timed)
+
+    def add_steps_in_flight(self, seconds: float) -> None:
+        """The wait for steps still running before an RPC (:func:`wait_for_steps_first`)."""
+        key = "steps in flight"
+        self.seconds[key] = self.seconds.get(key, 0.0) + seconds
+        self.calls[key] = self.calls.get(key, 0) + 1
 
     def snapshot(self, total: float) -> dict:
         rest = total - sum(self.seconds.values())
@@ -229,3 +237,29 @@ def median_steps(steps: list) -> dict | None:
 def median_cpu(cpus: list[dict]) -> dict[str, float]:
     keys = sorted({k for c in cpus for k in c})
     return {k: statistics.median([c.get(k, 0.0) for c in cpus]) for k in keys}
+
+
+def wait_for_steps_first(executor, on_wait: Callable[[float], None]) -> None:
+    """With ``step_overlap`` the generator's loop ends once it has sent its last step, and
+    the next RPC (the states' request) first waits for the steps still running, inside
+    that RPC's timers. Wait for them before the RPC instead, in an instance attribute over
+    the executor's ``collective_rpc``, and report that wait (seconds) to ``on_wait``: the
+    RPC's time is then the take and transfer alone. What is computed is unchanged: the
+    shim's own wait finds the steps done and reads each one's result (or error) as
+    before."""
+    rpc = executor.collective_rpc
+
+    @functools.wraps(rpc)  # callers probe its signature (generate_guard: timeout=)
+    def collective_rpc(*args, **kwargs):
+        pending = list(executor.__dict__.get("_compat_steps") or ())
+        if pending:
+            t = time.perf_counter()
+            for fut in pending:
+                try:
+                    fut.result()
+                except Exception:  # noqa: BLE001, S110 - the shim raises it next
+                    pass
+            on_wait(time.perf_counter() - t)
+        return rpc(*args, **kwargs)
+
+    executor.collective_rpc = collective_rpc

@@ -72,7 +72,6 @@ Render (here, after the device run; several JSON files are merged; the renderer 
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import os
@@ -93,6 +92,7 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
+import bench_timers  # noqa: E402  (beside this file)
 import gpu_bench_loops as loops  # noqa: E402  (beside this file)
 from gpu_bench_render import src_digest  # noqa: E402
 
@@ -611,41 +611,19 @@ def child_a(p: dict) -> None:
     _emit(p, res, peak)
 
 
-def _time_steps_in_flight(executor, counter: dict) -> None:
-    """Where ``step_overlap`` sends the steps one ahead, the generator's loop ends once it
-    has sent the last step, and the next RPC (the states' export) first waits for the
-    steps still running, inside the transport's timer of the export (``fetch_s``). Wait
-    for those steps first, in an instance attribute over the executor's
-    ``collective_rpc``, and time that apart (``counter["steps_wait_s"]``): the per-call
-    table then counts it as steps, not as states to the driver. What is computed is
-    unchanged: the shim's own wait finds the steps done and reads each one's result (or
-    error) as before."""
-    rpc = executor.collective_rpc
-
-    @functools.wraps(rpc)  # callers probe its signature (generate_guard: timeout=)
-    def collective_rpc(method, *args, **kwargs):
-        pending = list(executor.__dict__.get("_compat_steps") or ())
-        if pending:
-            t = time.perf_counter()
-            for fut in pending:
-                try:
-                    fut.result()
-                except Exception:  # noqa: BLE001, S110 - the shim raises it next
-                    pass
-            counter["steps_wait_s"] += time.perf_counter() - t
-        return rpc(method, *args, **kwargs)
-
-    executor.collective_rpc = collective_rpc
-
-
 class _Generator(_Extractor):
     """(b): speculators' ``VllmHiddenStatesGenerator.generate`` through the shim."""
 
     def __init__(self, gen, layers: list[int]) -> None:
         self.gen, self.layers = gen, layers
         self.rpc = gen.executor.collective_rpc
+        # the wait for steps still running when the loop sent its last one (step_overlap)
+        # is timed apart, so the per-call table counts it as steps
         self.steps_wait = {"steps_wait_s": 0.0}
-        _time_steps_in_flight(gen.executor, self.steps_wait)
+        bench_timers.wait_for_steps_first(gen.executor, self._add_steps_wait)
+
+    def _add_steps_wait(self, seconds: float) -> None:
+        self.steps_wait["steps_wait_s"] += seconds
 
     def call(self, batch):
         return self.gen.generate([list(s) for s in batch])
