@@ -241,17 +241,20 @@ def median_cpu(cpus: list[dict]) -> dict[str, float]:
 
 def wait_for_steps_first(executor, on_wait: Callable[[float], None]) -> None:
     """With ``step_overlap`` the generator's loop ends once it has sent its last step, and
-    the next RPC (the states' request) first waits for the steps still running, inside
-    that RPC's timers. Wait for them before the RPC instead, in an instance attribute over
-    the executor's ``collective_rpc``, and report that wait (seconds) to ``on_wait``: the
-    RPC's time is then the take and transfer alone. What is computed is unchanged: the
-    shim's own wait finds the steps done and reads each one's result (or error) as
-    before."""
+    its request for the states (``_get_captured_states``) first waits for the steps still
+    running, inside that RPC's timers. Wait for them before that RPC instead, in an
+    instance attribute over the executor's ``collective_rpc``, and report the wait
+    (seconds) to ``on_wait``: the RPC's time is then the take and transfer alone. Only
+    that RPC: speculators 0.4 sends ``_set_request_metadata`` before every step, which the
+    shim answers in the driver without waiting for anything, and waiting there would take
+    the overlap away. What is computed is unchanged: the shim's own wait finds the steps
+    done and reads each one's result (or error) as before."""
     rpc = executor.collective_rpc
 
     @functools.wraps(rpc)  # callers probe its signature (generate_guard: timeout=)
-    def collective_rpc(*args, **kwargs):
-        pending = list(executor.__dict__.get("_compat_steps") or ())
+    def collective_rpc(method, *args, **kwargs):
+        pending = (list(executor.__dict__.get("_compat_steps") or ())
+                   if method == "_get_captured_states" else ())
         if pending:
             t = time.perf_counter()
             for fut in pending:
@@ -260,6 +263,6 @@ def wait_for_steps_first(executor, on_wait: Callable[[float], None]) -> None:
                 except Exception:  # noqa: BLE001, S110 - the shim raises it next
                     pass
             on_wait(time.perf_counter() - t)
-        return rpc(*args, **kwargs)
+        return rpc(method, *args, **kwargs)
 
     executor.collective_rpc = collective_rpc
