@@ -12,12 +12,18 @@ functions) or by name in a string (vLLM's workers load ``worker_extension`` from
 dotted path an adapter hands them). ``__main__``, the demo and the shipped
 ``_proven.json`` are not: changing them changes no verdict the matrix records.
 
+What counts is the code, not its text: a file is compared as its syntax tree without
+docstrings (:func:`code_of`), so an edit to docstrings or comments alone leaves the records
+current (it changes no verdict), while any change to a statement, a name or a constant
+makes them stale.
+
 Each record (doctor, contract, e2e) carries ``shim`` (the commit, ``+dirty`` when ``src/``
 had uncommitted changes) and ``shim_src`` (:func:`source_digest` of the adapter code as
 it ran). A record is current when
 
 * git knows its commit: the adapter code is the same at that commit and at ``HEAD``
-  (``git diff``), and a ``+dirty`` record's digest equals today's; or
+  (the files ``git diff`` names, compared with :func:`code_of`), and a ``+dirty``
+  record's digest equals today's; or
 * git cannot tell (a shallow clone without that commit, an unpacked archive): its digest
   equals the digest of the adapter code here.
 
@@ -102,12 +108,43 @@ def adapter_paths(root: Path = ROOT) -> list[str]:
     return sorted(mods[m].relative_to(root).as_posix() for m in seen)
 
 
+def code_of(text: str) -> str:
+    """A module's code without its docstrings and comments: the ``ast`` dump with every
+    module, class and function docstring removed, positions left out. The text itself
+    where it does not parse."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
+
+
 def source_digest(root: Path = ROOT) -> str:
-    """A digest of the adapter code in the working tree (paths and bytes)."""
+    """A digest of the adapter code in the working tree (paths and :func:`code_of` each
+    file)."""
     h = hashlib.sha256()
     for rel in adapter_paths(root):
-        h.update(rel.encode() + b"\0" + (root / rel).read_bytes() + b"\0")
+        code = code_of((root / rel).read_text(encoding="utf-8", errors="replace"))
+        h.update(rel.encode() + b"\0" + code.encode() + b"\0")
     return "sha256:" + h.hexdigest()[:20]
+
+
+def _code_changed(root: Path, commit: str, rel: str) -> bool:
+    """Whether ``rel`` holds other code at ``HEAD`` than at ``commit`` (:func:`code_of`;
+    added or removed counts as changed)."""
+    texts = []
+    for rev in (commit, "HEAD"):
+        proc = _git(root, "show", f"{rev}:{rel}")
+        if proc.returncode != 0:
+            return True
+        texts.append(proc.stdout)
+    return code_of(texts[0]) != code_of(texts[1])
 
 
 # --------------------------------------------------------------------------- records
@@ -207,11 +244,12 @@ def check(data: dict[str, Any], root: Path = ROOT) -> Verdict:
         known = no_git is None and _git(root, "rev-parse", "--verify", "--quiet",
                                         f"{commit}^{{commit}}").returncode == 0
         if known:
-            changed = _git(root, "diff", "--name-only", commit, "HEAD", "--", *paths
-                           ).stdout.split()
+            changed = [rel for rel in _git(root, "diff", "--name-only", commit, "HEAD", "--",
+                                           *paths).stdout.split()
+                       if _code_changed(root, commit, rel)]
             if changed:
                 last = _git(root, "log", "-1", "--format=%h %ad %s", "--date=short",
-                            f"{commit}..HEAD", "--", *paths).stdout.strip()
+                            f"{commit}..HEAD", "--", *changed).stdout.strip()
                 last = last if len(last) <= 80 else last[:79] + "…"
                 verdict.stale.append(
                     f"{_envs(group)}: recorded at {shim}; adapter code changed since "

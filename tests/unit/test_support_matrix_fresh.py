@@ -115,6 +115,26 @@ def test_current_until_adapter_code_changes(repo):
         assert "tools/matrix.py run" in verdict.message()
 
 
+def test_docstrings_and_comments_alone_keep_records_current(repo, tmp_path):
+    first = git(repo, "rev-parse", "--short=12", "HEAD")
+    digest = matrix_fresh.source_digest(repo)
+    write(repo, "adapters/one.py", '"""What One is for, and why."""\n'
+                                   "from .._helper import X  # the helper\n"
+                                   "EXT = 'speculators_compat.worker.Ext'\n"
+                                   "class One:\n    \"\"\"Documented now.\"\"\"\n    ...\n")
+    commit(repo, "docstrings and comments only")
+    assert matrix_fresh.check(results(first), repo).stale == []
+    assert matrix_fresh.source_digest(repo) == digest  # the no-history path agrees
+    write(repo, "adapters/one.py", '"""What One is for, and why."""\n'
+                                   "from .._helper import X  # the helper\n"
+                                   "EXT = 'speculators_compat.worker.Other'\n"
+                                   "class One:\n    \"\"\"Documented now.\"\"\"\n    ...\n")
+    commit(repo, "a constant changed")
+    verdict = matrix_fresh.check(results(first), repo)
+    assert len(verdict.stale) == 1 and f"{PKG}/adapters/one.py" in verdict.stale[0]
+    assert matrix_fresh.source_digest(repo) != digest
+
+
 def test_unrecorded_and_unknown_commits_are_stale(repo):
     assert matrix_fresh.check(results(""), repo).stale  # no commit recorded
     verdict = matrix_fresh.check(results("0123456789ab"), repo)

@@ -2,8 +2,10 @@
 
 Why: speculators 0.3/0.4 stop the generator's ``MultiprocExecutor`` only in
 ``VllmHiddenStatesGenerator.__del__``. A generator still alive when the script ends
-(speculators' offline script keeps its own to the end, as most scripts do) is collected
-during interpreter teardown, after Python has set module globals to ``None``: vLLM's
+(held by a module-level name, as in a script that builds it under ``if __name__ ==
+"__main__":``, or by a reference cycle; speculators' offline script builds it inside a
+function and drops it on return) is collected during interpreter teardown, after Python
+has set module globals to ``None``: vLLM's
 ``MultiprocExecutor.shutdown`` then fails at its first use of a module global (0.2x+:
 ``logger.debug_once`` after the workers are stopped; anything after that point is
 skipped), and speculators' handler fails in turn on its own ``log.warning``, so the run
