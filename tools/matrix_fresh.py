@@ -30,7 +30,8 @@ it ran). A record is current when
 A record that neither can verify (no digest, no history) is *unverified*, with the reason
 (e.g. ``git fetch --unshallow``), never silently current.
 
-Usage: ``python3 tools/matrix_fresh.py`` (exit 1 when a record is stale).
+Usage: ``python3 tools/matrix_fresh.py`` (exit 1 when a record is stale);
+``--redigest`` recomputes the recorded digests from their commits (:func:`redigest`).
 """
 
 from __future__ import annotations
@@ -157,9 +158,9 @@ class Record:
     shim_src: str | None
 
 
-def records(data: dict[str, Any]) -> list[Record]:
-    """Every recorded part of the results that ran shim code (``not-run`` parts did not)."""
-    out = []
+def _parts(data: dict[str, Any]):
+    """(env, where, part) for every recorded part that ran shim code (``not-run`` parts
+    did not); ``part`` is the record's own dict."""
     for env, rec in (data.get("envs") or {}).items():
         for spec, s in (rec.get("speculators") or {}).items():
             parts = {"doctor": s.get("doctor"), "contract": s.get("contract"),
@@ -170,9 +171,46 @@ def records(data: dict[str, Any]) -> list[Record]:
                 parts["e2e llama without safeguards"] = pinned
             for label, part in parts.items():
                 if part and part.get("status") != "not-run":
-                    out.append(Record(env, f"{env} × {spec} {label}", part.get("shim"),
-                                      part.get("shim_src")))
-    return out
+                    yield env, f"{env} × {spec} {label}", part
+
+
+def records(data: dict[str, Any]) -> list[Record]:
+    """Every recorded part of the results that ran shim code (``not-run`` parts did not)."""
+    return [Record(env, where, part.get("shim"), part.get("shim_src"))
+            for env, where, part in _parts(data)]
+
+
+def redigest(data: dict[str, Any], root: Path = ROOT) -> int:
+    """Recompute ``shim_src`` of every record made at a commit git has, without
+    uncommitted changes, from that commit's tree (after :func:`source_digest` changed
+    what it digests). Returns how many digests changed; other records are left as
+    they are."""
+    import tempfile
+
+    digests: dict[str, str | None] = {}
+    changed = 0
+    for _env, _where, part in _parts(data):
+        shim = part.get("shim") or ""
+        if not shim or "+" in shim:
+            continue
+        commit = shim.split(" ")[0]
+        if commit not in digests:
+            digests[commit] = None
+            if _git(root, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"
+                    ).returncode == 0:
+                with tempfile.TemporaryDirectory() as tmp:
+                    tree = Path(tmp) / "tree"
+                    if _git(root, "worktree", "add", "--detach", str(tree), commit
+                            ).returncode == 0:
+                        try:
+                            digests[commit] = source_digest(tree)
+                        finally:
+                            _git(root, "worktree", "remove", "--force", str(tree))
+        new = digests[commit]
+        if new is not None and part.get("shim_src") != new:
+            part["shim_src"] = new
+            changed += 1
+    return changed
 
 
 # --------------------------------------------------------------------------- check
@@ -282,6 +320,12 @@ def check(data: dict[str, Any], root: Path = ROOT) -> Verdict:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--redigest"]:
+        data = json.loads(RESULTS.read_text())
+        n = redigest(data)
+        RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"{n} digests recomputed")
+        return 0
     verdict = check(json.loads(RESULTS.read_text()))
     print(verdict.message() or f"all {verdict.checked} recorded results are current with "
                                 "the adapter code")

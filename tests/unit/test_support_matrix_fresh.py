@@ -135,6 +135,19 @@ def test_docstrings_and_comments_alone_keep_records_current(repo, tmp_path):
     assert matrix_fresh.source_digest(repo) != digest
 
 
+def test_redigest_recomputes_from_each_records_commit(repo):
+    first = git(repo, "rev-parse", "--short=12", "HEAD")
+    at_first = matrix_fresh.source_digest(repo)
+    write(repo, "_helper.py", "X = 2\n")
+    commit(repo, "code changed")
+    data = results(first, "sha256:old-definition")
+    dirty = results(first + "+dirty", "sha256:old-definition")
+    assert matrix_fresh.redigest(data, repo) == 3  # doctor, contract, e2e llama
+    assert {r.shim_src for r in matrix_fresh.records(data)} == {at_first}
+    assert matrix_fresh.redigest(dirty, repo) == 0  # what ran is not in git
+    assert matrix_fresh.records(dirty)[0].shim_src == "sha256:old-definition"
+
+
 def test_unrecorded_and_unknown_commits_are_stale(repo):
     assert matrix_fresh.check(results(""), repo).stale  # no commit recorded
     verdict = matrix_fresh.check(results("0123456789ab"), repo)
