@@ -236,6 +236,10 @@ def _build(version: str) -> Path:
         print(f"env {path} is up to date", flush=True)
     else:
         uv, env = _uv(), _uv_env()
+        if path.exists() and not (path / "pyvenv.cfg").exists():
+            # left half-deleted (an interrupted prune): `uv venv --clear` refuses a
+            # directory that is not a virtual environment
+            shutil.rmtree(path)
         _run(uv + ["venv", "--clear", "-p", find_python(recipe.python), str(path)], env=env)
         with tempfile.TemporaryDirectory() as tmp:
             overrides = Path(tmp) / "overrides.txt"
