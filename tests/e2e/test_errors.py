@@ -143,4 +143,4 @@ def test_generator_built_outside_the_main_guard_is_refused_before_workers_start(
     assert r["raised"] == "CompatError", r
     msg = r["message"]
     assert f"{r['script']} (line " in msg and 'if __name__ == "__main__":' in msg, msg
-    assert r["children"] == 0 and r["seconds"] < 5, r
+    assert r["children"] == 0 and r["seconds"] < 1, r  # about 1 ms; starting takes 10+ s

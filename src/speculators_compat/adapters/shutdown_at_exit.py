@@ -5,12 +5,15 @@ Why: speculators 0.3/0.4 stop the generator's ``MultiprocExecutor`` only in
 (held by a module-level name, as in a script that builds it under ``if __name__ ==
 "__main__":``, or by a reference cycle; speculators' offline script builds it inside a
 function and drops it on return) is collected during interpreter teardown, after Python
-has set module globals to ``None``: vLLM's
-``MultiprocExecutor.shutdown`` then fails at its first use of a module global (0.2x+:
-``logger.debug_once`` after the workers are stopped; anything after that point is
-skipped), and speculators' handler fails in turn on its own ``log.warning``, so the run
-ends with ``Exception ignored in: <function VllmHiddenStatesGenerator.__del__ ...>
-AttributeError: 'NoneType' object has no attribute 'warning'``.
+has set module globals to ``None``. Whether that works depends on vLLM's shutdown code,
+which does not promise to run at teardown: on vLLM 0.32 ``MultiprocExecutor.shutdown``
+fails at its closing ``logger.debug_once`` (after the workers are stopped), and
+speculators' handler fails in turn on its own ``log.warning``, so the run ends with
+``Exception ignored in: <function VllmHiddenStatesGenerator.__del__ ...>
+AttributeError: 'NoneType' object has no attribute 'warning'``; vLLM 0.16's shutdown uses
+no module global there and exits cleanly (both seen on CPU builds, 2026-12-05). The
+handler acts on every release: stopping the workers before teardown is what ``__del__``
+would do, only earlier.
 How: wrap ``VllmHiddenStatesGenerator.__init__`` to remember (weakly) each generator
 built while active, and register one ``atexit`` handler. At exit it shuts down the
 executor of every remembered generator still alive, in full, before teardown begins;

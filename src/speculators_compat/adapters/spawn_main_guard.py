@@ -16,7 +16,10 @@ the workers will start with ``spawn``, raise ``CompatError`` naming the file and
 the fix. Where the source cannot be read, or there is no main script (``python -c``, a
 notebook, an interactive session: spawn runs nothing again there), it does nothing. A
 script that keeps its workers from that line some other way (a condition on the process)
-opts out with ``SPECULATORS_COMPAT_DISABLE=spawn_main_guard``, as the message says.
+opts out with ``SPECULATORS_COMPAT_DISABLE=spawn_main_guard``, as the message says. Only
+the plain test counts as a guard (``__name__ == "__main__"`` in either order, or the
+``else`` of ``__name__ != "__main__"``): a script guarded by a combined condition
+(``if __name__ == "__main__" and ...:``) is refused and needs the opt-out too.
 Applies when: speculators' generator starts vLLM's ``MultiprocExecutor`` itself (0.3/0.4).
 Remove when: speculators < 0.5 support is dropped.
 """
