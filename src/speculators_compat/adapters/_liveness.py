@@ -19,8 +19,10 @@ import signal
 #: What a worker killed by these signals usually ran into.
 SIGNAL_HINTS = {
     "SIGKILL": "often the out-of-memory killer: check the system log (dmesg)",
-    "SIGILL": ("an instruction this CPU lacks: the vLLM or PyTorch build needs CPU features "
-               "(e.g. AVX-512) this machine does not have; install a build for this CPU"),
+    "SIGILL": ("an illegal instruction: either the vLLM or PyTorch build needs CPU features "
+               "(e.g. AVX-512) this machine does not have (install a build for this CPU), "
+               "or a vLLM CPU kernel failed on this input (seen with vLLM 0.32's CPU build "
+               "on a single short prompt; try another vLLM release or batch)"),
     "SIGSEGV": "a crash in native code (a CUDA/driver or vLLM kernel problem)",
     "SIGBUS": ("a bad memory access, often /dev/shm too small for vLLM's shared memory "
                "(containers: raise --shm-size)"),

@@ -16,10 +16,12 @@ the workers will start with ``spawn``, raise ``CompatError`` naming the file and
 the fix. Where the source cannot be read, or there is no main script (``python -c``, a
 notebook, an interactive session: spawn runs nothing again there), it does nothing. A
 script that keeps its workers from that line some other way (a condition on the process)
-opts out with ``SPECULATORS_COMPAT_DISABLE=spawn_main_guard``, as the message says. Only
-the plain test counts as a guard (``__name__ == "__main__"`` in either order, or the
-``else`` of ``__name__ != "__main__"``): a script guarded by a combined condition
-(``if __name__ == "__main__" and ...:``) is refused and needs the opt-out too.
+opts out with ``SPECULATORS_COMPAT_DISABLE=spawn_main_guard``, as the message says. A
+guard is a branch that runs only when ``__name__ == "__main__"``: the body of ``if
+__name__ == "__main__":`` (either order, also combined with ``and``, e.g. ``if __name__ ==
+"__main__" and args.run:``) and the ``else`` of ``if __name__ != "__main__":`` (also
+combined with ``or``); ``not`` is followed. A condition that does not imply it (``or``
+with the main test, a helper function returning it) is not a guard.
 Applies when: speculators' generator starts vLLM's ``MultiprocExecutor`` itself (0.3/0.4).
 Remove when: speculators < 0.5 support is dropped.
 """
@@ -54,21 +56,35 @@ def _is_main_test(test: ast.expr, op: type) -> bool:
     return len(names) == 1 and len(consts) == 1
 
 
+def _true_means_main(test: ast.expr) -> bool:
+    """Whether ``test`` being true implies ``__name__ == "__main__"``."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(_true_means_main(v) for v in test.values)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _false_means_main(test.operand)
+    return _is_main_test(test, ast.Eq)
+
+
+def _false_means_main(test: ast.expr) -> bool:
+    """Whether ``test`` being false implies ``__name__ == "__main__"``."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        return any(_false_means_main(v) for v in test.values)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _true_means_main(test.operand)
+    return _is_main_test(test, ast.NotEq)
+
+
 def _guarded_spans(tree: ast.Module) -> list[tuple[int, int]]:
-    """Line spans that run only in the main process: the bodies of ``if __name__ ==
-    "__main__":`` and the ``else`` branches of ``if __name__ != "__main__":``."""
+    """Line spans that run only in the main process: the body of an ``if`` whose test
+    implies ``__name__ == "__main__"`` and the ``else`` of one whose negation does."""
     spans = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.If):
             continue
-        if _is_main_test(node.test, ast.Eq):
-            block = node.body
-        elif _is_main_test(node.test, ast.NotEq):
-            block = node.orelse
-        else:
-            continue
-        if block:
-            spans.append((block[0].lineno, max(s.end_lineno or s.lineno for s in block)))
+        for block in ((node.body if _true_means_main(node.test) else None),
+                      (node.orelse if _false_means_main(node.test) else None)):
+            if block:
+                spans.append((block[0].lineno, max(s.end_lineno or s.lineno for s in block)))
     return spans
 
 

@@ -47,6 +47,10 @@ SCRIPTS = {
     "guarded": f"if __name__ == '__main__':\n    {CALL}\n",
     "guarded_function": f"def main():\n    {CALL}\n\nif '__main__' == __name__:\n    main()\n",
     "guarded_else": f"if __name__ != '__main__':\n    pass\nelse:\n    {CALL}\n",
+    "guarded_and": f"quick = True\nif quick and __name__ == '__main__':\n    {CALL}\n",
+    "guarded_or_else": f"if len('') or not __name__ == '__main__':\n    pass\nelse:\n    {CALL}\n",
+    # true also outside the main process: not a guard
+    "unguarded_or": f"if __name__ == '__main__' or len('x'):\n    {CALL}\n",
 }
 
 
