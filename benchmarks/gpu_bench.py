@@ -92,6 +92,7 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
+import bench_profile  # noqa: E402  (beside this file)
 import bench_timers  # noqa: E402  (beside this file)
 import gpu_bench_loops as loops  # noqa: E402  (beside this file)
 from gpu_bench_render import src_digest  # noqa: E402
@@ -490,6 +491,26 @@ def run_passes(p: dict, res: dict, ex, peak: _Peak) -> None:
         res["check_file_missing"] = "no held pass ran in round 0"
 
 
+def run_profile(p: dict, res: dict, ex, rpc, peak: _Peak) -> None:
+    """``--profile-calls``: after the timed passes, that many untimed calls of the largest
+    batch under cProfile in the driver and the workers (:mod:`bench_profile`), when they
+    fit before the child's deadline (three times a timed call's time each)."""
+    calls = p.get("profile_calls") or 0
+    if calls <= 0:
+        return
+    seqs, _ = _load_tokens(p)
+    size = max(int(x) for x in str(p["batches"]).split(","))
+    per_pass = _estimate(res, "held", size)
+    per_call = per_pass / max(1, -(-len(seqs) // size))
+    hard = p.get("deadline_at")
+    if hard and time.time() + 3 * calls * per_call + p.get("pass_margin_s", 5.0) > hard:
+        res["profile"] = {"skipped": f"deadline: {hard - time.time():.0f}s left"}
+    else:
+        res["profile"] = _try(lambda: bench_profile.profile_calls(ex.call, rpc, seqs[:size],
+                                                                  calls))
+    _emit(p, res, peak)
+
+
 class _Extractor(loops.Extractor):
     """Defaults shared by the three paths."""
 
@@ -606,7 +627,9 @@ def child_a(p: dict) -> None:
         lambda: llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
     res["workers"] = _try(lambda: llm.collective_rpc(_runner_info))
     _check_workers(p, res["workers"])
-    run_passes(p, res, _VllmPrefill(llm), peak)
+    ex = _VllmPrefill(llm)
+    run_passes(p, res, ex, peak)
+    run_profile(p, res, ex, llm.collective_rpc, peak)
     res["ok"] = True
     _emit(p, res, peak)
 
@@ -686,7 +709,9 @@ def child_b(p: dict) -> None:
     _check_workers(p, res["workers"])
     res["worker_reports"] = _try(lambda: gen.executor.collective_rpc(_worker_report()))
     res["rss_after_start_kib"] = loops.rss().get("vmrss_kib")
-    run_passes(p, res, _Generator(gen, p["layers"]), peak)
+    ex = _Generator(gen, p["layers"])
+    run_passes(p, res, ex, peak)
+    run_profile(p, res, ex, gen.executor.collective_rpc, peak)
     res["ok"] = True
     _emit(p, res, peak)
 
@@ -1149,7 +1174,7 @@ class Parent:
                 "a_async_scheduling": a.a_async_scheduling,
                 "tp": a.tp, "hidden_size": (build.get("config") or {}).get("hidden_size"),
                 "loops": loops_arg(a.loops), "save_dir": a.save_dir,
-                "check_threads": a.check_threads}
+                "check_threads": a.check_threads, "profile_calls": a.profile_calls}
         checks = any(m.startswith(("b:", "c")) for m in modes)
         reserve = a.reserve_compare if checks else 0.0
         jobs = child_jobs(modes, a.rounds, a.round_procs)
@@ -1335,6 +1360,10 @@ def run_parser() -> argparse.ArgumentParser:
                         "(every result held), dropped (each call's results deleted)")
     p.add_argument("--save-dir", default=None,
                    help="local disk for the offline loop's files (default WORK/save)")
+    p.add_argument("--profile-calls", type=int, default=0,
+                   help="after the timed passes, this many untimed calls of the largest "
+                        "batch under cProfile in the driver and the workers, for (a) and "
+                        "(b) (benchmarks/bench_profile.py; the result's \"profile\")")
     p.add_argument("--check-threads", type=int, default=8,
                    help="threads of the checksums that consume held and dropped results")
     p.add_argument("--tp", type=int, default=1,
