@@ -509,6 +509,14 @@ def _stats(values: list[float]) -> dict | None:
             "n": len(values), "values": values}
 
 
+def _steps_s(breakdown: dict) -> float:
+    """A call's steps in the driver's timers: ``execute_model`` and, where the steps are
+    sent one ahead (``step_overlap``: ``execute_model`` returns at once), the wait for the
+    steps still running when the states are asked for."""
+    seconds = breakdown["seconds"]
+    return seconds.get("execute_model", 0.0) + seconds.get("steps in flight", 0.0)
+
+
 def aggregate(runs: list[dict]) -> dict:
     """Statistics over the rounds, under the report's keys: a mode's letter
     (``perfreport.LETTERS``: ``a_...`` for vllm_prefill, ``b_...`` generator, ``d_...``
@@ -537,6 +545,8 @@ def aggregate(runs: list[dict]) -> dict:
         for state in ("on", "off"):
             agg[f"d_{state}.{part}"] = _stats([r[state]["breakdown"]["seconds"].get(part, 0.0)
                                                for r in d])
+    for state in ("on", "off"):
+        agg[f"d_{state}.steps"] = _stats([_steps_s(r[state]["breakdown"]) for r in d])
     for name, rows in (("a", [r["cpu_s"] for r in a]), ("b", [r["cpu_s"] for r in b]),
                        ("d_on", [r["on"]["cpu_s"] for r in d]),
                        ("d_off", [r["off"]["cpu_s"] for r in d])):
@@ -567,9 +577,8 @@ def aggregate(runs: list[dict]) -> dict:
         for c in [[x["cpu_s"] for x in r.get("worker_steps_per_call") or () if x]]
         if len(c) > 1 and min(c) > 0])
     agg["d_step_overhead_frac"] = _stats([
-        (r["on"]["breakdown"]["seconds"]["execute_model"]
-         - r["off"]["breakdown"]["seconds"]["execute_model"])
-        / r["off"]["breakdown"]["seconds"]["execute_model"] for r in d])
+        (_steps_s(r["on"]["breakdown"]) - _steps_s(r["off"]["breakdown"]))
+        / _steps_s(r["off"]["breakdown"]) for r in d if _steps_s(r["off"]["breakdown"])])
     keys = sorted({k for r in b for k in r["breakdown"]["seconds"]})
     agg["b_breakdown_s"] = {k: _stats([r["breakdown"]["seconds"].get(k, 0.0) for r in b])
                             for k in keys}

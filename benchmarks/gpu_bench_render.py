@@ -3,7 +3,8 @@
 The renderer of ``gpu_bench.py`` (as ``tools/matrix_render.py`` is of ``tools/matrix.py``):
 ``gpu_bench.json`` files (several calls and machines merged) and, beside them, the files of
 ``offline_script_bench.py`` become the markdown block of docs/performance.md ("GPU
-results") and docs/perf-gpu.svg; a unit test renders the block again from the files it
+results": the summary), docs/performance-gpu-details.md (the counters that explain a
+cell) and docs/perf-gpu.svg; a unit test renders both again from the files the block
 names (``tests/unit/test_perf_docs_current.py``). Nothing here runs a model.
 
 Rows are keyed by path (``a``, ``c``, ``b:<release>`` with the settings that tell runs
@@ -809,10 +810,23 @@ def _rows(agg: dict) -> list[tuple]:
     return sorted(agg["tokens_per_s"], key=_row_order)
 
 
-def render_markdown(docs: list[dict], files: list[str] | None = None) -> str:
-    """The generated block; ``files`` (the rendered files' paths) are named in it, so that
-    the block can be rendered again from them (the unit tests check that it is current).
-    Files of ``offline_script_bench.py`` among ``docs`` get their own table."""
+#: What each part of the report holds: ``summary`` is the block of docs/performance.md
+#: (what a reader of the results needs: tokens/s, the targets, correctness, the offline
+#: script); ``details`` is docs/performance-gpu-details.md (per pass, the shim's and the
+#: worker's counters, each call split, each process's memory: what explains a cell).
+PARTS = ("summary", "details", "all")
+DETAILS_TITLE = "# GPU benchmark: details"
+
+
+def render_markdown(docs: list[dict], files: list[str] | None = None,
+                    part: str = "all") -> str:
+    """The generated report (``part`` of :data:`PARTS`); ``files`` (the rendered files'
+    paths) are named in it, so that it can be rendered again from them (the unit tests
+    check that it is current). Files of ``offline_script_bench.py`` among ``docs`` get
+    their own table (in the summary)."""
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {PARTS}")
+    summary, details = part in ("summary", "all"), part in ("details", "all")
     bench = [d for d in docs if d.get("kind") != "offline_script"]
     scripts = [d for d in docs if d.get("kind") == "offline_script"]
     lines: list[str] = []
@@ -822,19 +836,24 @@ def render_markdown(docs: list[dict], files: list[str] | None = None) -> str:
         modes = sorted({r[0] for r in rows} | set(agg["proc_peak_gib"]),
                        key=lambda m: _row_order((m, None, 0)))
         lines += _header(bench, files)  # every file, the offline script's too
-        lines += _main_table(agg, rows)
-        lines += _detail_table(agg, rows)
-        lines += _transport_table(bench)
-        lines += _counters_table(bench, rows)
-        lines += _call_split_table(bench)
-        lines += _worker_table(bench)
-        lines += _steps_table(bench)
-        lines += _rss_table(agg, modes)
-        lines += _correctness(agg, (bench[0].get("params") or {}).get("check_seqs"))
-        lines += _targets(agg, rows)
-        lines += _runners(bench)
-        lines += _failures(agg)
-    if scripts:
+        if summary:
+            lines += _main_table(agg, rows)
+        if details:
+            lines += _detail_table(agg, rows)
+            lines += _transport_table(bench)
+            lines += _counters_table(bench, rows)
+            lines += _call_split_table(bench)
+            lines += _worker_table(bench)
+            lines += _steps_table(bench)
+            lines += _rss_table(agg, modes)
+        if summary:
+            lines += _correctness(agg, (bench[0].get("params") or {}).get("check_seqs"))
+            lines += _targets(agg, rows)
+        if details:
+            lines += _runners(bench)
+        if summary:
+            lines += _failures(agg)
+    if scripts and summary:
         if lines:
             lines.append("")
         lines += render_offline_script(scripts, None if bench else files)
@@ -951,7 +970,8 @@ def render_main(a) -> int:
         if theirs and theirs != here:
             print(f"note: {f} ran shim sources {theirs}; this checkout's are {here}",
                   file=sys.stderr)
-    md = render_markdown(docs, [_repo_path(f) for f in a.files])
+    files = [_repo_path(f) for f in a.files]
+    md = render_markdown(docs, files)
     if a.plot and bench:
         Path(a.plot).parent.mkdir(parents=True, exist_ok=True)
         Path(a.plot).write_text(render_svg(docs))
@@ -962,8 +982,21 @@ def render_main(a) -> int:
             raise SystemExit(f"{path} has no generated GPU results markers")
         head, rest = text.split(GPU_BEGIN, 1)
         _, tail = rest.split(GPU_END, 1)
+        body = render_markdown(docs, files, "summary")
+        if bench and a.details:
+            details = Path(a.details)
+            back = os.path.relpath(path, details.parent)
+            details.write_text(
+                f"{DETAILS_TITLE}\n\nGenerated by `benchmarks/gpu_bench.py render "
+                f"--update-docs` from the files named below, with the summary in "
+                f"[{path.name}]({back}#gpu-results): per pass, the transport's and the "
+                f"worker's counters, where each call's time goes, each process's memory.\n\n"
+                f"{render_markdown(docs, files, 'details')}\n")
+            body += (f"\n\nPer pass, the shim's and the worker's counters, where each call's "
+                     f"time goes and each process's memory: "
+                     f"[{details.name}]({os.path.relpath(details, path.parent)}).")
         rel = os.path.relpath(a.plot, path.parent) if a.plot and bench else None
-        body = md + (f"\n\n![GPU benchmark plot]({rel})" if rel else "")
+        body += f"\n\n![GPU benchmark plot]({rel})" if rel else ""
         path.write_text(f"{head}{GPU_BEGIN}\n{body}\n{GPU_END}{tail}")
     print(md)
     return 0
@@ -977,6 +1010,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--update-docs", action="store_true",
                    help="write the generated GPU block of --docs")
     p.add_argument("--docs", default=str(ROOT / "docs" / "performance.md"))
+    p.add_argument("--details", default=str(ROOT / "docs" / "performance-gpu-details.md"),
+                   help="the page --update-docs writes the per-pass details to (the block "
+                        "of --docs holds the summary and links to it)")
     return p
 
 

@@ -1,6 +1,7 @@
 """docs/performance.md's generated blocks and plots must match the recorded results they
 are rendered from: the CPU block from ``benchmarks/results.json`` (``bench.py --render``),
-the GPU block from the files it names (``gpu_bench.py render``). No vLLM needed."""
+the GPU block and docs/performance-gpu-details.md from the files the block names
+(``gpu_bench.py render``). No vLLM needed."""
 
 import re
 import shutil
@@ -41,9 +42,12 @@ def test_gpu_block_is_current(tmp_path):
                        next(line for line in _block(DOC.read_text(), begin).splitlines()
                             if line.startswith("Files: ")))
     assert files, "the GPU block names no files"
+    details = tmp_path / "performance-gpu-details.md"
     out = _render(tmp_path, [str(ROOT / "benchmarks" / "gpu_bench.py"), "render",
-                             *[str(ROOT / f) for f in files]], "perf-gpu.svg")
-    assert _block(out.read_text(), begin) == _block(DOC.read_text(), begin), (
-        "run: gpu_bench.py render <the files the block names> --update-docs")
+                             *[str(ROOT / f) for f in files], "--details", str(details)],
+                  "perf-gpu.svg")
+    fix = "run: gpu_bench.py render <the files the block names> --update-docs"
+    assert _block(out.read_text(), begin) == _block(DOC.read_text(), begin), fix
+    assert details.read_text() == (ROOT / "docs" / details.name).read_text(), fix
     assert (tmp_path / "perf-gpu.svg").read_text() == \
         (ROOT / "docs" / "perf-gpu.svg").read_text()
