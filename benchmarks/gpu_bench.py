@@ -435,6 +435,14 @@ def _estimate(res: dict, loop, size: int) -> float:
     return max(walls) if walls else 0.0
 
 
+def pass_seqs(seqs: list, size: int, p: dict) -> list:
+    """The sequences of one pass at batch ``size``: all of them, or with ``--pass-calls N``
+    the first N x ``size``, so that every batch size's pass has N calls (the ratio of a
+    batch-32 pass over 96 sequences rests on three calls, one slow call moving it ~1 %)."""
+    calls = p.get("pass_calls")
+    return seqs[: calls * size] if calls else seqs
+
+
 def run_passes(p: dict, res: dict, ex, peak: _Peak) -> None:
     """Warm-up call, then every pass of :func:`pass_plan` that fits before the child's
     deadline; the result file is rewritten after each pass."""
@@ -475,7 +483,8 @@ def run_passes(p: dict, res: dict, ex, peak: _Peak) -> None:
             ex.reset_timers()
             ex.steps_take()  # what ran between passes is not the pass's
             t = time.time()
-            rec = loops.run_pass(ex, loop, seqs, size, lead_in=warm[:size], save_dir=save_dir,
+            rec = loops.run_pass(ex, loop, pass_seqs(seqs, size, p), size, lead_in=warm[:size],
+                                 save_dir=save_dir,
                                  check_pool=pool, keep=keep, check=ex.check)
             rec.update(round=rnd, wall_s=time.time() - t, **ex.timers())
             after = ex.stats()
@@ -501,7 +510,7 @@ def run_profile(p: dict, res: dict, ex, rpc, peak: _Peak) -> None:
     seqs, _ = _load_tokens(p)
     size = max(int(x) for x in str(p["batches"]).split(","))
     per_pass = _estimate(res, "held", size)
-    per_call = per_pass / max(1, -(-len(seqs) // size))
+    per_call = per_pass / max(1, -(-len(pass_seqs(seqs, size, p)) // size))
     hard = p.get("deadline_at")
     if hard and time.time() + 3 * calls * per_call + p.get("pass_margin_s", 5.0) > hard:
         res["profile"] = {"skipped": f"deadline: {hard - time.time():.0f}s left"}
@@ -1129,13 +1138,19 @@ class Parent:
         a = self.a
         cfg = run_config(a)
         cfg["check_seqs"] = min(cfg["check_seqs"], cfg["num_seqs"])
+        sizes = [int(x) for x in cfg["batches"].split(",")]
+        if a.pass_calls is not None:
+            if a.pass_calls < 1 or a.pass_calls * max(sizes) > cfg["num_seqs"]:
+                raise SystemExit(f"--pass-calls {a.pass_calls}: needs 1 or more and --num-seqs "
+                                 f"of at least {max(1, a.pass_calls) * max(sizes)} (batch "
+                                 f"{max(sizes)}); --num-seqs is {cfg['num_seqs']}")
+            cfg["check_seqs"] = min(cfg["check_seqs"], a.pass_calls * min(sizes))
         modes = expand_modes(a.modes, a.spec)
         smi = _nvidia_smi()
         gpus = len([x for x in (smi or "").splitlines() if x.startswith("GPU ")])
         if a.tp < 1 or (gpus and a.tp > gpus):
             raise SystemExit(f"--tp {a.tp}: this machine has {gpus} GPU(s) "
                              f"(nvidia-smi -L); use a machine with {a.tp} GPUs or a smaller --tp")
-        sizes = [int(x) for x in cfg["batches"].split(",")]
         toks = make_tokens(cfg, cfg["model"]["vocab_size"], max(sizes), a.seed)
         for left in Path(a.c_storage or (self.work / "c-store")).glob("c-*"):
             shutil.rmtree(left, ignore_errors=True)  # files of a (c) child killed earlier
@@ -1153,7 +1168,8 @@ class Parent:
                     "c_layer_offset": a.c_layer_offset, "gpu_mem": a.gpu_mem,
                     "a_async_scheduling": a.a_async_scheduling,
                     "tp": a.tp, "loops": loops_arg(a.loops), "round_procs": a.round_procs,
-                    "deadline": a.deadline, "specs": dict(a.spec)})
+                    "deadline": a.deadline, "specs": dict(a.spec),
+                    "pass_calls": a.pass_calls})
         self.save()
         print(f"{toks['tokens']} tokens in {cfg['num_seqs']} sequences; modes {modes}; "
               f"loops {loops_arg(a.loops)}; batches {sizes}; {a.rounds} round(s), "
@@ -1174,7 +1190,8 @@ class Parent:
                 "a_async_scheduling": a.a_async_scheduling,
                 "tp": a.tp, "hidden_size": (build.get("config") or {}).get("hidden_size"),
                 "loops": loops_arg(a.loops), "save_dir": a.save_dir,
-                "check_threads": a.check_threads, "profile_calls": a.profile_calls}
+                "check_threads": a.check_threads, "profile_calls": a.profile_calls,
+                "pass_calls": a.pass_calls}
         checks = any(m.startswith(("b:", "c")) for m in modes)
         reserve = a.reserve_compare if checks else 0.0
         jobs = child_jobs(modes, a.rounds, a.round_procs)
@@ -1371,6 +1388,9 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true", help="tiny Llama, few sequences (CPU test)")
     p.add_argument("--batches", default=None, help="batch sizes per pass (default 32,8)")
     p.add_argument("--num-seqs", type=int, default=None)
+    p.add_argument("--pass-calls", type=int, default=None,
+                   help="calls per pass at every batch size: a pass at batch B takes the "
+                        "first N x B sequences (--num-seqs must hold N x the largest batch)")
     p.add_argument("--min-len", type=int, default=None)
     p.add_argument("--max-len", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)

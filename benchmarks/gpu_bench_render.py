@@ -387,7 +387,10 @@ def _header(docs: list[dict], files: list[str] | None) -> list[str]:
         f"vocab {cfg.get('vocab_size')}, {cfg.get('dtype', 'bfloat16')} "
         f"({(b.get('safetensors_bytes') or 0) / 1e9:.1f} GB); {p.get('num_seqs')} sequences of "
         f"{p.get('min_len')}–{p.get('max_len')} random token ids ({p.get('tokens') or 0:,} "
-        f"tokens, sha {p.get('tokens_sha')}) per pass; layers {p.get('layers')}; max_model_len "
+        f"tokens, sha {p.get('tokens_sha')}) "
+        + (f"of which a pass at batch B takes the first {p['pass_calls']} × B "
+           f"({p['pass_calls']} calls)" if p.get("pass_calls") else "per pass")
+        + f"; layers {p.get('layers')}; max_model_len "
         f"{p.get('max_model_len')}; {p.get('rounds')} round(s)"
         + (f" ({', '.join(sorted(procs))} processes)" if procs else "")
         + f"; (c) chunked prefill {'on' if p.get('c_chunked_prefill') else 'off'}"

@@ -232,3 +232,13 @@ def test_the_steps_table_gives_each_call_its_worker_time_and_the_rest():
     row = next(line for line in lines if line.startswith("| (b)"))
     # 16 steps and 2.8 s over 4 calls: 4 steps, 700 ms busy of a 740 ms call, 40 ms rest
     assert row.endswith("| 32 | 1 | 4.0 | 740.0 | 700.0 | 40.0 |"), row
+
+
+def test_pass_calls_give_every_batch_size_the_same_number_of_calls():
+    seqs = list(range(256))
+    assert len(gb.pass_seqs(seqs, 32, {"pass_calls": 8})) == 256
+    assert gb.pass_seqs(seqs, 8, {"pass_calls": 8}) == list(range(64))
+    assert gb.pass_seqs(seqs, 8, {}) == seqs  # without --pass-calls: every sequence
+    header = gr._header([{"params": {"num_seqs": 256, "pass_calls": 8}}], None)
+    assert "of which a pass at batch B takes the first 8 × B (8 calls)" in header[-1]
+    assert "per pass" in gr._header([{"params": {"num_seqs": 96}}], None)[-1]
