@@ -31,7 +31,8 @@ A record that neither can verify (no digest, no history) is *unverified*, with t
 (e.g. ``git fetch --unshallow``), never silently current.
 
 Usage: ``python3 tools/matrix_fresh.py`` (exit 1 when a record is stale);
-``--redigest`` recomputes the recorded digests from their commits (:func:`redigest`).
+``--redigest`` recomputes the recorded digests from their commits (:func:`redigest`), and
+gives the GPU matrix files theirs (:func:`redigest_gpu`).
 """
 
 from __future__ import annotations
@@ -180,13 +181,29 @@ def records(data: dict[str, Any]) -> list[Record]:
             for env, where, part in _parts(data)]
 
 
+def digest_at(commit: str, root: Path = ROOT) -> str | None:
+    """:func:`source_digest` of the adapter code at ``commit`` (from that commit's tree, in
+    a temporary worktree), or ``None`` where git does not have the commit."""
+    import tempfile
+
+    if _history(root) is not None or _git(root, "rev-parse", "--verify", "--quiet",
+                                          f"{commit}^{{commit}}").returncode != 0:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        if _git(root, "worktree", "add", "--detach", str(tree), commit).returncode != 0:
+            return None
+        try:
+            return source_digest(tree)
+        finally:
+            _git(root, "worktree", "remove", "--force", str(tree))
+
+
 def redigest(data: dict[str, Any], root: Path = ROOT) -> int:
     """Recompute ``shim_src`` of every record made at a commit git has, without
     uncommitted changes, from that commit's tree (after :func:`source_digest` changed
     what it digests). Returns how many digests changed; other records are left as
     they are."""
-    import tempfile
-
     digests: dict[str, str | None] = {}
     changed = 0
     for _env, _where, part in _parts(data):
@@ -195,21 +212,33 @@ def redigest(data: dict[str, Any], root: Path = ROOT) -> int:
             continue
         commit = shim.split(" ")[0]
         if commit not in digests:
-            digests[commit] = None
-            if _git(root, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"
-                    ).returncode == 0:
-                with tempfile.TemporaryDirectory() as tmp:
-                    tree = Path(tmp) / "tree"
-                    if _git(root, "worktree", "add", "--detach", str(tree), commit
-                            ).returncode == 0:
-                        try:
-                            digests[commit] = source_digest(tree)
-                        finally:
-                            _git(root, "worktree", "remove", "--force", str(tree))
+            digests[commit] = digest_at(commit, root)
         new = digests[commit]
         if new is not None and part.get("shim_src") != new:
             part["shim_src"] = new
             changed += 1
+    return changed
+
+
+def redigest_gpu(results: Path, root: Path = ROOT) -> list[str]:
+    """Give every GPU matrix file (``docs/results/gpu-*.json``, not ``gpu-models-*``) whose
+    ``meta.shim`` names a commit git has, without ``+dirty``, the ``meta.shim_src`` digest
+    of that commit's adapter code (``tests/e2e/scripts/gpu_matrix.py`` records it itself
+    since 2026-12-05). Returns the files changed."""
+    changed = []
+    for f in sorted(results.glob("gpu-*.json")):
+        if f.name.startswith("gpu-models-"):
+            continue
+        data = json.loads(f.read_text())
+        meta = data.get("meta") or {}
+        shim = (meta.get("shim") or "").split(" ")[0]
+        if not shim or "+" in shim:
+            continue
+        digest = digest_at(shim, root)
+        if digest is not None and meta.get("shim_src") != digest:
+            meta["shim_src"] = digest
+            f.write_text(json.dumps(data, indent=1) + "\n")
+            changed.append(f.name)
     return changed
 
 
@@ -324,7 +353,8 @@ def main() -> int:
         data = json.loads(RESULTS.read_text())
         n = redigest(data)
         RESULTS.write_text(json.dumps(data, indent=1) + "\n")
-        print(f"{n} digests recomputed")
+        gpu = redigest_gpu(RESULTS.parent / "results")
+        print(f"{n} digests recomputed; GPU files: {', '.join(gpu) or 'none changed'}")
         return 0
     verdict = check(json.loads(RESULTS.read_text()))
     print(verdict.message() or f"all {verdict.checked} recorded results are current with "

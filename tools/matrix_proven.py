@@ -13,7 +13,11 @@ passed or was not run for a stated reason (vLLM itself failing on the checkpoint
 an old CPU backend), the training chain (where it ran) passed, and, on speculators'
 strictly pinned vLLM, no ``upstream-change`` adapter applied. GPU level: the newest
 ``docs/results/gpu-*.json`` (not ``gpu-models-*``) with runs of that speculators release,
-every one of them ok.
+every one of them ok. A GPU entry says whether it ran today's adapter code (``current``):
+its file's ``meta.shim_src`` equals the digest every CPU record of the matrix carries
+(``tools/matrix_fresh.py``; the matrix's own freshness test keeps those at today's code).
+The GPU machine is lent now and then, so a GPU run cannot be repeated at every change the
+way the CPU matrix is: the package reports an older one as such instead of as proof.
 """
 
 from __future__ import annotations
@@ -66,15 +70,29 @@ def row_holds(level: str, s: dict[str, Any] | None) -> bool:
 
 
 def _add(out: dict[str, Any], vllm: str, level: str, spec: str, recorded: str | None,
-         shim: str | None) -> None:
+         shim: str | None, **more: Any) -> None:
     entry = out.setdefault(vllm, {}).setdefault(level, {"speculators": [], "recorded": None,
-                                                        "shim": None})
+                                                        "shim": None, **more})
     entry["speculators"] = sorted({*entry["speculators"], spec})
     if recorded and (entry["recorded"] is None or recorded >= entry["recorded"]):
-        entry["recorded"], entry["shim"] = recorded, shim
+        entry.update(recorded=recorded, shim=shim, **more)
 
 
-def _gpu(out: dict[str, Any], results: Path) -> None:
+def matrix_digest(data: dict[str, Any]) -> str | None:
+    """The adapter-code digest (``shim_src``) the matrix's CPU records carry, where they all
+    carry the same one; else ``None``."""
+    found = set()
+    for rec in (data.get("envs") or {}).values():
+        for s in (rec.get("speculators") or {}).values():
+            pinned = (s.get("pinned") or {}).get("e2e_without_safeguards")
+            for part in (s.get("doctor"), s.get("contract"), s.get("train"), pinned,
+                         *(s.get("e2e") or {}).values()):
+                if isinstance(part, dict) and part.get("status") != "not-run":
+                    found.add(part.get("shim_src"))
+    return found.pop() if len(found) == 1 else None
+
+
+def _gpu(out: dict[str, Any], results: Path, digest: str | None) -> None:
     newest: dict[tuple[str, str], tuple[float, dict[str, Any], list[dict]]] = {}
     for f in sorted(results.glob("gpu-*.json")):
         if f.name.startswith("gpu-models-"):
@@ -94,7 +112,9 @@ def _gpu(out: dict[str, Any], results: Path) -> None:
             day = (datetime.datetime.fromtimestamp(started, datetime.timezone.utc)
                    .date().isoformat() if started else None)
             shim = (meta.get("shim") or meta.get("shim_commit") or "").split(" ")[0] or None
-            _add(out, vllm, "gpu", spec, day, shim)
+            src = meta.get("shim_src")
+            _add(out, vllm, "gpu", spec, day, shim,
+                 current=bool(src) and digest is not None and src == digest)
 
 
 def proven(data: dict[str, Any], results: Path, speculators: tuple[str, ...]) -> dict[str, Any]:
@@ -109,7 +129,7 @@ def proven(data: dict[str, Any], results: Path, speculators: tuple[str, ...]) ->
             s = (rec.get("speculators") or {}).get(spec)
             if row_holds(rec["level"], s):
                 _add(out, vllm, level, spec, rec.get("recorded"), ", ".join(_shims(s)) or None)
-    _gpu(out, results)
+    _gpu(out, results, matrix_digest(data))
     return {"schema": SCHEMA,
             "source": "docs/support-matrix.json and docs/results/gpu-*.json, written by "
                       "tools/matrix.py render; do not edit",

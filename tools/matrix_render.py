@@ -122,7 +122,8 @@ def render(data: dict[str, Any]) -> str:
     recs = [data["envs"][k] for k in sorted(data["envs"], key=envs.version_key)]
     specs = list(envs.SPECULATORS)
     out = [*_intro(specs), *_environments(recs), *_results(recs, specs),
-           *_unsupported(recs), *render_gpu(), *render_gpu_models(), *render_suites(),
+           *_unsupported(recs), *render_gpu(digest=matrix_proven.matrix_digest(data)),
+           *render_gpu_models(), *render_suites(),
            *_verdicts(recs, specs),
            *_notes(recs, specs)]
     return "\n".join(out).rstrip() + "\n"
@@ -432,8 +433,10 @@ def render_suites(results: Path = GPU_RESULTS) -> list[str]:
     return out
 
 
-def render_gpu(results: Path = GPU_RESULTS) -> list[str]:
-    """Rows of the GPU runs (``docs/results/gpu-*.json``), one per configuration."""
+def render_gpu(results: Path = GPU_RESULTS, digest: str | None = None) -> list[str]:
+    """Rows of the GPU runs (``docs/results/gpu-*.json``), one per configuration;
+    ``digest``: the adapter code of the CPU records (a file whose ``meta.shim_src`` differs
+    ran older code, and says so)."""
     files = sorted(f for f in results.glob("gpu-*.json")
                    if not f.name.startswith("gpu-models-"))
     if not files:
@@ -442,13 +445,18 @@ def render_gpu(results: Path = GPU_RESULTS) -> list[str]:
            "Recorded on the lent GPU machine with `tools/gpu_run.sh` ([gpu.md](gpu.md)): "
            "vLLM's CUDA build, speculators' unchanged generator, every returned layer "
            "compared with a bf16 transformers forward (same pass criteria as above). "
-           "`VLLM_USE_V2_MODEL_RUNNER` unset means the shim pins the V1 runner.", "",
+           "`VLLM_USE_V2_MODEL_RUNNER` unset means the shim pins the V1 runner. "
+           "*Older adapter code*: the run's adapter code (`meta.shim_src`) is not what the "
+           "CPU rows above ran; it proves what that code did, and `doctor` does not count "
+           "it as the release's level.", "",
            "| file (shim commit) | vLLM | GPUs | speculators | model | TP | "
            "VLLM_USE_V2_MODEL_RUNNER | runner | batches | result | min cos | notes |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for f in files:
         data = json.loads(f.read_text())
         meta = data.get("meta") or {}
+        age = ("" if digest is not None and meta.get("shim_src") == digest
+               else ", older adapter code")
         runs = sorted(data.get("runs") or [], key=lambda r: (
             r.get("spec", ""), r.get("model", ""), r.get("tp", 0), str(r.get("v2")),
             r.get("id", "")))
@@ -459,7 +467,7 @@ def render_gpu(results: Path = GPU_RESULTS) -> list[str]:
                 f"**FAIL** at *{r.get('failed_step')}*" if r.get("failed_step") else "**FAIL**")
             cos = f"{r['min_cosine']:.5f}" if r.get("min_cosine") is not None else "–"
             sizes = ", ".join(str(b.get("size")) for b in r.get("batches") or [])
-            out.append(f"| `{f.name}` ({meta.get('shim', 'unrecorded')}) | "
+            out.append(f"| `{f.name}` ({meta.get('shim', 'unrecorded')}{age}) | "
                        f"{meta.get('vllm', '–')} | {meta.get('n_gpus', '–')} | "
                        f"{r.get('spec')} | {r.get('model')} | {r.get('tp')} | {r.get('v2')} | "
                        f"{'/'.join(sorted(runners)) or '–'} | {sizes or '–'} | {result} | "

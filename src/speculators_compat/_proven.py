@@ -10,6 +10,9 @@ library and ``packaging`` are imported: ``doctor`` and every report use this.
 Levels, best first: ``gpu`` (vLLM's CUDA build on a GPU, speculators' generator compared
 with transformers), ``cpu-e2e`` (a vLLM CPU build, the same comparison on CPU),
 ``contract`` (PyPI's CUDA build on a machine without a GPU: imports and probes only).
+A GPU entry with ``"current": false`` ran older adapter code than this package's: it is
+named as such and does not count as the release's level (the CPU levels are re-recorded
+at every adapter change; a GPU run only when a GPU machine is at hand).
 """
 
 from __future__ import annotations
@@ -45,8 +48,18 @@ def _best(levels: dict[str, Any], speculators: str | None = None) -> str | None:
     """The best level of a release (for ``speculators``, when given)."""
     for level in LEVELS:
         entry = levels.get(level)
-        if entry and (speculators is None or speculators in entry.get("speculators", ())):
+        if entry and entry.get("current", True) and (
+                speculators is None or speculators in entry.get("speculators", ())):
             return level
+    return None
+
+
+def _older(levels: dict[str, Any], speculators: str | None) -> dict[str, Any] | None:
+    """The GPU entry that passed with older adapter code (for ``speculators``), if any."""
+    entry = levels.get("gpu")
+    if entry and entry.get("current") is False and (
+            speculators is None or speculators in entry.get("speculators", ())):
+        return {k: entry.get(k) for k in ("speculators", "recorded", "shim")}
     return None
 
 
@@ -68,11 +81,15 @@ def verdict(vllm: str | None, speculators: str | None) -> dict[str, Any]:
     spec = _public(speculators)
     level = _best(levels, spec) if spec else _best(levels)
     out: dict[str, Any] = {"vllm": release, "proven": level is not None, "level": level}
+    older = _older(levels, spec)
+    if older:
+        out["older_gpu"] = older
+    others = sorted({s for e in levels.values() if e.get("current", True)
+                     for s in e.get("speculators", ())})
     if level:
         out.update(levels[level])
-    elif levels:  # proven, but not with the installed speculators release
-        out["other_speculators"] = sorted({s for e in levels.values()
-                                           for s in e.get("speculators", ())})
+    elif others:  # proven, but not with the installed speculators release
+        out["other_speculators"] = others
     if not level or level == "contract":
         top, e2e = newest(), newest(end_to_end=True)
         out["newest_proven"] = {"vllm": top[0], "level": top[1]} if top else None
@@ -94,13 +111,22 @@ def _text(v: dict[str, Any], speculators: str | None) -> str:
                 f" at shim commit {v.get('shim')})")
         if v["level"] == "contract":
             text += f"; newest run end to end: {named(v.get('newest_end_to_end'))}"
-        return text
+        return text + _older_text(v)
     if v.get("other_speculators"):
         return (f"vLLM {v['vllm']} was proven by the support matrix only with speculators "
-                f"{', '.join(v['other_speculators'])}, not {speculators}")
+                f"{', '.join(v['other_speculators'])}, not {speculators}") + _older_text(v)
     return (f"vLLM {v['vllm']} is not a release the support matrix proved; newest proven: "
             f"{named(v.get('newest_proven'))}; newest run end to end: "
-            f"{named(v.get('newest_end_to_end'))}")
+            f"{named(v.get('newest_end_to_end'))}") + _older_text(v)
+
+
+def _older_text(v: dict[str, Any]) -> str:
+    older = v.get("older_gpu")
+    if not older:
+        return ""
+    return (f"; a GPU run passed on {older.get('recorded')} at shim commit "
+            f"{older.get('shim')}, with older adapter code than this release of "
+            "speculators-compat (not counted)")
 
 
 def short(vllm: str | None, speculators: str | None) -> str:

@@ -76,9 +76,29 @@ def test_gpu_level_from_the_newest_file_per_release(tmp_path):
     (tmp_path / "gpu-models-h200-vllm-0.34.0.json").write_text("{}")  # another format
     out = matrix_proven.proven({"envs": {}}, tmp_path, SPECS)["releases"]
     assert out == {"0.34.0": {"gpu": {"speculators": ["0.4.0.1"], "recorded": "2026-12-01",
-                                      "shim": "abc1234"}}}
+                                      "shim": "abc1234", "current": False}}}
     gpu("gpu-h200-vllm-0.34.0-b.json", 1796240545, [True, False])  # newer, one failed
     assert matrix_proven.proven({"envs": {}}, tmp_path, SPECS)["releases"] == {}
+
+
+def test_gpu_entry_is_current_only_at_the_matrix_adapter_code(tmp_path):
+    def gpu(src):
+        meta = {"vllm": "0.34.0", "started": 1796140545, "shim": "abc1234"}
+        if src:
+            meta["shim_src"] = src
+        (tmp_path / "gpu-h200-vllm-0.34.0.json").write_text(json.dumps({
+            "meta": meta, "runs": [{"spec": "0.3.0", "ok": True}]}))
+        return matrix_proven.proven(data, tmp_path, SPECS)["releases"]["0.34.0"]["gpu"]
+
+    r = row()
+    for part in (r["doctor"], r["contract"], *r["e2e"].values()):
+        part["shim_src"] = "sha256:today"
+    data = {"envs": {"a": env("0.32.0", **{"0_3_0": r})}}
+    assert gpu("sha256:today")["current"] is True
+    assert gpu("sha256:older")["current"] is False
+    assert gpu(None)["current"] is False  # a file that recorded no digest proves no code
+    r["contract"]["shim_src"] = "sha256:other"  # a matrix of two codes: nothing is current
+    assert gpu("sha256:today")["current"] is False
 
 
 # --------------------------------------------------------------------------- what it says
@@ -102,6 +122,27 @@ def test_best_level_wins(table):
     v = _proven.verdict("0.26.0", "0.4.0.1")
     assert v["proven"] and v["level"] == "gpu" and v["shim"] == "g"
     assert "GPU" in v["text"] and "newest_proven" not in v
+
+
+def test_gpu_run_of_older_adapter_code_is_named_not_counted(monkeypatch):
+    older = {"speculators": ["0.3.0", "0.4.0.1"], "recorded": "d1", "shim": "g",
+             "current": False}
+    monkeypatch.setattr(_proven, "releases", lambda: {
+        **TABLE, "0.26.0": {**TABLE["0.26.0"], "gpu": older},
+        "0.34.0": {**TABLE["0.34.0"], "gpu": older}, "0.33.0": {"gpu": older}})
+    v = _proven.verdict("0.26.0", "0.4.0.1")
+    assert v["level"] == "cpu-e2e" and v["shim"] == "c"
+    assert v["older_gpu"] == {"speculators": ["0.3.0", "0.4.0.1"], "recorded": "d1",
+                              "shim": "g"}
+    assert v["text"].endswith("a GPU run passed on d1 at shim commit g, with older adapter "
+                              "code than this release of speculators-compat (not counted)")
+    assert _proven.short("0.26.0", "0.4.0.1") == "matrix: proven, CPU e2e"
+    v = _proven.verdict("0.34.0", "0.3.0")
+    assert v["level"] == "contract" and "older adapter code" in v["text"]
+    v = _proven.verdict("0.33.0", "0.3.0")  # nothing current: not proven
+    assert not v["proven"] and "other_speculators" not in v
+    assert "not a release the support matrix proved" in v["text"]
+    assert _proven.newest() == ("0.34.0", "contract")
 
 
 def test_cpu_build_version_and_local_part(table):

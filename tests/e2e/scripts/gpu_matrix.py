@@ -142,6 +142,32 @@ def _write(out: Path, meta: dict, rows: list[dict]) -> None:
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
+def _shim_code() -> dict:
+    """The shim code this run tests: ``shim`` (the commit, ``+dirty`` with uncommitted
+    changes under src/) and ``shim_src`` (``tools/matrix_fresh.py``'s digest of the adapter
+    code, which tells ``tools/matrix_proven.py`` whether the GPU level still describes
+    today's adapter code)."""
+    out: dict = {"shim": os.environ.get("SPECULATORS_COMPAT_COMMIT")}
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        out["shim"] = head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import matrix_fresh
+
+        out["shim_src"] = matrix_fresh.source_digest(ROOT)
+    except Exception as exc:  # noqa: BLE001 - the run itself does not depend on it
+        out["shim_src_error"] = repr(exc)
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    return out
+
+
 def main(a) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -166,6 +192,7 @@ def main(a) -> None:
             "min_len": a.min_len, "max_len": a.max_len,
             "max_num_batched_tokens": a.max_num_batched_tokens,
             "python": sys.version.split()[0]}
+    meta.update(_shim_code())
     try:
         import torch
         import transformers
