@@ -603,19 +603,27 @@ def _worker_table(docs: list[dict]) -> list[str]:
                 if now and prev and all(k in now and k in prev for k in WORKER_COUNTERS):
                     calls = len(ps.get("calls_s") or []) + (1 if ps.get("lead_in") else 0)
                     if calls:
+                        per = {k: (now[k] - prev[k]) / calls * 1e3 for k in WORKER_COUNTERS}
+                        # copies queued per call (recorded since 2026-12-05), where known
+                        per["copies"] = ((now["copies"] - prev["copies"]) / calls
+                                         if "copies" in now and "copies" in prev else None)
                         groups.setdefault((_run_mode(r), _pass_loop(r, ps), ps["batch"]),
-                                          []).append({k: (now[k] - prev[k]) / calls * 1e3
-                                                      for k in WORKER_COUNTERS})
+                                          []).append(per)
                 prev = now
     rows = _median_rows(groups, WORKER_COUNTERS)
     if not rows:
         return []
+    ordered = sorted(groups.items(), key=lambda kv: _row_order(kv[0]))  # as _median_rows
+    for i, (_, vals) in enumerate(ordered):
+        known = [v["copies"] for v in vals if v["copies"] is not None]
+        rows[i] += f" {_median(known):.1f} |" if known else " – |"
     return ["", "The capturing worker, per (b) call (a pass's change in the worker's counters "
             "over its generate calls, lead-in included; medians over passes; the first pass "
-            "of each process has no baseline):", "",
+            "of each process has no baseline; copies queued: one per run of rows adjacent in "
+            "a step's output and in the region, – where the run did not count them):", "",
             "| path | batch | passes | hooks on the forward thread, ms | hooks waiting for "
             "staging room, ms | copies left after the last step, ms | copy threads, ms "
-            "(summed) |", "|---|---:|---:|---:|---:|---:|---:|", *rows]
+            "(summed) | copies queued |", "|---|---:|---:|---:|---:|---:|---:|---:|", *rows]
 
 
 def _median_rows(groups: dict[tuple, list], fields) -> list[str]:

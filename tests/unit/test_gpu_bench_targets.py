@@ -196,21 +196,28 @@ def test_the_offline_script_table_renders_beside_and_its_file_is_named():
 
 
 def test_the_worker_counters_are_shown_per_call_from_one_pass_to_the_next():
-    def counters(hook, wait, tail, populate):
-        return [{"hook_s": hook, "staging_wait_s": wait, "tail_s": tail,
-                 "populate_s": populate, "streamed": 1}]
+    def counters(hook, wait, tail, populate, copies=None):
+        c = {"hook_s": hook, "staging_wait_s": wait, "tail_s": tail,
+             "populate_s": populate, "streamed": 1}
+        return [c if copies is None else {**c, "copies": copies}]
 
     passes = [
         {"loop": "held", "batch": 32, "calls_s": [0.7] * 3, "lead_in": {"seqs": 32},
-         "transport": counters(0.5, 0.0, 0.01, 3.0)},  # the first pass: no baseline
+         "transport": counters(0.5, 0.0, 0.01, 3.0, 64)},  # the first pass: no baseline
         {"loop": "held", "batch": 32, "calls_s": [0.7] * 3, "lead_in": {"seqs": 32},
-         "transport": counters(0.54, 0.004, 0.0104, 4.2)},
+         "transport": counters(0.54, 0.004, 0.0104, 4.2, 128)},
         {"loop": "held", "batch": 8, "calls_s": [0.2] * 4, "transport": [None]},
     ]
     lines = gr._worker_table([{"runs": [{"mode": B, "passes": passes}]}])
     row = next(line for line in lines if line.startswith("| (b)"))
-    # (0.54 - 0.5) s over 3 calls and the lead-in: 10 ms a call; 300 ms of copy threads
-    assert row.endswith("| 32 | 1 | 10.0 | 1.0 | 0.1 | 300.0 |"), row
+    # (0.54 - 0.5) s over 3 calls and the lead-in: 10 ms a call; 300 ms of copy threads;
+    # 64 copies over 4 calls
+    assert row.endswith("| 32 | 1 | 10.0 | 1.0 | 0.1 | 300.0 | 16.0 |"), row
+    old = [{**ps, "transport": [{k: v for k, v in (ps["transport"][0] or {}).items()
+                                 if k != "copies"}]} for ps in passes[:2]]
+    row = next(line for line in gr._worker_table([{"runs": [{"mode": B, "passes": old}]}])
+               if line.startswith("| (b)"))
+    assert row.endswith("| 300.0 | – |"), row  # a run from before the copies were counted
     assert len([line for line in lines if line.startswith("| (b)")]) == 1  # no counters
     assert gr._worker_table([{"runs": [{"mode": B, "passes": passes[:1]}]}]) == []
 

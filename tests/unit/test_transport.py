@@ -91,6 +91,69 @@ def test_list_contract_streams_one_lane_per_layer():
     sender.close()
 
 
+def _stream_steps(sender, states, contract, budget, order=None):
+    """One call as vLLM's chunked prefill feeds it: each step computes up to ``budget``
+    prompt positions, requests in ``order`` (default: input order), and each layer's
+    output is ONE tensor of the step's rows, of which every request gets a slice (what the
+    capture's hooks hand the sink). Returns the reply."""
+    plan = _plan(states)
+    n_layers = len(next(iter(states.values())))
+    sink = sender.begin_call(plan, n_layers, contract)
+    done = {rid: 0 for rid, _ in plan}
+    lengths = dict(plan)
+    while any(done[r] < lengths[r] for r in done):
+        left, chunks = budget, []  # (rid, start, n)
+        for rid in order or list(states):
+            n = min(lengths[rid] - done[rid], left)
+            if n > 0:
+                chunks.append((rid, done[rid], n))
+                left -= n
+        for slot in range(n_layers):
+            step = torch.cat([states[r][slot][a:a + n] for r, a, n in chunks])
+            entries, off = [], 0
+            for rid, a, n in chunks:
+                entries.append((rid, a, step[off:off + n]))
+                off += n
+            sink.write(slot, entries)
+        for rid, a, n in chunks:
+            done[rid] = a + n
+    held = states if contract == wire.BY_REQUEST else _lanes(states)
+    return sender.reply(held, contract, list(states), lengths)
+
+
+@pytest.mark.parametrize("contract", [wire.BY_REQUEST, wire.LIST])
+def test_a_steps_rows_of_consecutive_requests_go_as_one_copy(contract):
+    """Rows that follow each other in the step's tensor and in the region are one copy:
+    with chunked prefill of 5 + 9 + 4 + 12 positions at 16 per step, each layer takes one
+    copy per step (two steps), for both contracts. A step whose requests run in another
+    order than the input still arrives exact, one copy per request."""
+    states = _states(lens=(5, 9, 4, 12))
+    for order, copies in ((None, 2 * 3), (["req_0_1", "req_0_0", "req_0_3", "req_0_2"], None)):
+        sender, receiver = Sender(), Receiver()
+        reply = _stream_steps(sender, _copy(states), contract, budget=16, order=order)
+        assert reply["streamed"]
+        want = states if contract == wire.BY_REQUEST else _lanes(states)
+        assert _equal(_fetch(receiver, reply), want)
+        if copies is not None:
+            assert sender.stats["copies"] == copies
+        else:
+            assert sender.stats["copies"] > 2 * 3
+        sender.close()
+
+
+def test_rows_join_only_when_they_follow_each_other_in_memory():
+    from speculators_compat.transport.worker import _joined
+
+    step = torch.randn(10, HIDDEN).to(BF16)
+    both = _joined(step[0:4], step[4:10])
+    assert both is not None and torch.equal(both, step)
+    assert _joined(step[0:4], step[5:10]) is None  # a row left out between them
+    assert _joined(step[4:10], step[0:4]) is None  # the other way round
+    assert _joined(step[0:4], step.clone()[4:10]) is None  # other memory
+    assert _joined(step[0:4], step[4:10].float()) is None
+    assert _joined(step[0:4, :8], step[4:10, :8]) is None  # not contiguous
+
+
 @pytest.mark.parametrize("spoil", ["unplanned request", "recomputed prompt", "rows past end",
                                    "missing rows"])
 def test_unforeseen_rows_switch_streaming_off_and_the_export_is_still_exact(spoil):

@@ -5,11 +5,11 @@ When a ``generate()`` call starts, the driver sends the call's plan (request ids
 prompt lengths in input order) and the sender opens a :class:`CallSink` for it. The
 decoder-layer hooks hand the sink each step's rows; the first rows fix the row width and
 dtype, so the sink then lays the whole call out in one :class:`~.region.Region` in the
-installed speculators' contract (0.4.x: one block per request and layer, requests in
-input order; 0.3.x: one lane per layer with the requests concatenated in input order),
-starts faulting it in, and copies every later row to its place
-(:class:`~.copies.RowCopier`). When speculators asks for the states, only a descriptor
-is left to send.
+installed speculators' contract (0.4.x: one block per request and layer; 0.3.x: one lane
+per layer with the requests concatenated in input order; both layer by layer, requests in
+input order), starts faulting it in, and copies every later row to its place
+(:class:`~.copies.RowCopier`), consecutive requests' rows of a step as one copy. When
+speculators asks for the states, only a descriptor is left to send.
 
 Anything the plan did not foresee (a request not in it, rows past a prompt's end, a
 prompt computed again after a preemption, a region that could not be made) switches
@@ -36,63 +36,75 @@ class CallSink:
     def __init__(self, copier: RowCopier, plan, n_layers: int, contract: str,
                  stats: dict | None = None) -> None:
         self.copier = copier
-        self.stats = stats if stats is not None else {"write_s": 0.0}
+        self.stats = stats if stats is not None else {"write_s": 0.0, "copies": 0}
         self.plan = [(str(r), int(n)) for r, n in plan]
         self.n_layers = n_layers
         self.contract = contract
         self.ok = bool(self.plan)
         self.region: Region | None = None
         self.items: list = []
-        self._dst: dict[tuple[str, int], Any] = {}
+        self._dst: dict[tuple[str, int], tuple[int, int]] = {}  # (offset, bytes) per block
+        self._arr: Any = None  # the region's bytes
         self._row_bytes = 0
         self._next: dict[tuple[str, int], int] = {}  # next prompt position per block
 
     def _lay_out(self, sample) -> None:
-        """The call's layout, from the first rows (width and dtype); makes the region."""
+        """The call's layout, from the first rows (width and dtype); makes the region.
+
+        Blocks lie layer by layer, requests in input order within a layer, for both
+        contracts (0.3.x's lane of a layer is exactly its requests' blocks back to back):
+        a step's rows of one layer for consecutive whole requests are then one run in the
+        step's tensor and one run in the region, and go as one copy (:meth:`write`)."""
         width = tuple(sample.shape[1:])
         row_bytes = sample[0].numel() * sample.element_size()
         dtype = str(sample.dtype)
         total = sum(n for _, n in self.plan)
         self.region = Region(total * row_bytes * self.n_layers)
         self.region.populate()
-        arr = self.region.array()
+        self._arr = self.region.array()
         off = 0
-        if self.contract == wire.LIST:
-            for slot in range(self.n_layers):
+        for slot in range(self.n_layers):
+            if self.contract == wire.LIST:
                 self.items.append((None, slot, off, (total, *width), dtype))
-                lane = off
-                for rid, n in self.plan:
-                    self._dst[(rid, slot)] = arr[lane:lane + n * row_bytes]
-                    lane += n * row_bytes
-                off += total * row_bytes
-        else:
+            for rid, n in self.plan:
+                self._dst[(rid, slot)] = (off, n * row_bytes)
+                off += n * row_bytes
+        if self.contract != wire.LIST:  # items in the contract's order: request, then layer
             for rid, n in self.plan:
                 for slot in range(self.n_layers):
-                    self.items.append((rid, slot, off, (n, *width), dtype))
-                    self._dst[(rid, slot)] = arr[off:off + n * row_bytes]
-                    off += n * row_bytes
+                    self.items.append((rid, slot, self._dst[(rid, slot)][0], (n, *width),
+                                       dtype))
         self._row_bytes = row_bytes
 
     def write(self, slot: int, entries) -> None:
-        """``entries``: (request id, prompt position, rows) of one layer in one step."""
+        """``entries``: (request id, prompt position, rows) of one layer in one step. Rows
+        that follow each other both in the step's tensor and in the region are copied as
+        one piece."""
         if not self.ok:
             return
         t0 = time.perf_counter()
         try:
             if self.region is None:
                 self._lay_out(entries[0][2])
-            pairs = []
+            runs: list = []  # [region start, region end, rows]
             for rid, pos, rows in entries:
-                dst = self._dst.get((rid, slot))
+                block = self._dst.get((rid, slot))
                 n = rows.shape[0]
-                if (dst is None or pos != self._next.get((rid, slot), 0)
+                if (block is None or pos != self._next.get((rid, slot), 0)
                         or rows[0].numel() * rows.element_size() != self._row_bytes
-                        or (pos + n) * self._row_bytes > dst.nbytes):
+                        or (pos + n) * self._row_bytes > block[1]):
                     self.off()
                     return
                 self._next[(rid, slot)] = pos + n
-                pairs.append((dst[pos * self._row_bytes:(pos + n) * self._row_bytes], rows))
-            self.copier.copy(pairs)
+                lo = block[0] + pos * self._row_bytes
+                hi = lo + n * self._row_bytes
+                joined = _joined(runs[-1][2], rows) if runs and runs[-1][1] == lo else None
+                if joined is not None:
+                    runs[-1][1:] = [hi, joined]
+                else:
+                    runs.append([lo, hi, rows])
+            self.copier.copy([(self._arr[lo:hi], rows) for lo, hi, rows in runs])
+            self.stats["copies"] += len(runs)
         except Exception:  # noqa: BLE001 - never fail the forward: export at the end
             self.off()
         self.stats["write_s"] += time.perf_counter() - t0
@@ -117,7 +129,7 @@ class CallSink:
         try:
             self.copier.wait()
         finally:
-            self._dst.clear()  # views of the region: it unmaps once they are gone
+            self._arr = None  # a view of the region: it unmaps once views are gone
             if self.region is not None:
                 self.region.close()
                 self.region = None
@@ -133,9 +145,10 @@ class Sender:
         #: ``streamed``: calls whose rows went to their region while the model ran;
         #: ``exported``: calls written into a region at their end; ``bytes``: bytes sent;
         #: ``populate_s``: time spent faulting regions in (background); ``write_s``: time
-        #: the layer hooks spent handing rows over (inside the model's steps).
+        #: the layer hooks spent handing rows over (inside the model's steps); ``copies``:
+        #: the copies they queued (one per run of rows adjacent in step and region).
         self.stats = {"streamed": 0, "exported": 0, "bytes": 0, "populate_s": 0.0,
-                      "write_s": 0.0}
+                      "write_s": 0.0, "copies": 0}
 
     def begin_call(self, plan, n_layers: int, contract: str) -> CallSink | None:
         """A call starts: close what earlier calls left (the driver has mapped every region
@@ -170,7 +183,7 @@ class Sender:
             except Exception:  # noqa: BLE001 - a failed copy: export what the capture holds
                 whole = False
             if whole:
-                sink._dst.clear()
+                sink._arr = None
                 self.stats["streamed"] += 1
                 return self._send(sink.region, contract, sink.items, streamed=True)
             sink.discard()
@@ -214,3 +227,15 @@ class Sender:
     def close(self) -> None:
         self.end_calls()
         self.copier.close()
+
+
+def _joined(a, b):
+    """``a`` and then ``b`` as one tensor where ``b``'s rows follow ``a``'s in the same
+    memory (slices of one step's hidden states, back to back), else ``None``."""
+    if (a.dtype != b.dtype or a.device != b.device or a.shape[1:] != b.shape[1:]
+            or not a.is_contiguous() or not b.is_contiguous()
+            or a.data_ptr() + a.numel() * a.element_size() != b.data_ptr()
+            or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()):
+        return None
+    return a.as_strided((a.shape[0] + b.shape[0], *a.shape[1:]), a.stride(),
+                        a.storage_offset())
