@@ -545,6 +545,28 @@ def run_combinations(combos: list[tuple[str, str]], jobs: int, paths: list[str],
         return {c: f.result() for c, f in futures.items()}
 
 
+def _split_selection(extra: list[str]) -> tuple[list[str] | None, list[str] | None,
+                                                list[str]]:
+    """A user's pytest arguments as (unit paths, real-vLLM paths, the rest). Without paths
+    both are ``None`` (every suite runs, with the rest); with paths, each suite runs only
+    the paths under its folders (``[]``: it does not run), so a path of the e2e suite is
+    not collected in the unit suite's interpreter, which has no speculators."""
+    unit: list[str] = []
+    real: list[str] = []
+    rest: list[str] = []
+    for arg in extra:
+        rel = arg.split("::")[0]
+        if arg.startswith("-") or not (ROOT / rel).exists():
+            rest.append(arg)
+        elif Path(rel).parts[:2] == ("tests", "unit"):
+            unit.append(arg)
+        else:
+            real.append(arg)
+    if not unit and not real:
+        return None, None, rest
+    return unit, real, rest
+
+
 def test(quick: bool, extra: list[str], jobs: int | None = None) -> int:
     """Build the envs, lint (ruff), and run unit, contract and end-to-end suites in each
     combination."""
@@ -559,10 +581,15 @@ def test(quick: bool, extra: list[str], jobs: int | None = None) -> int:
 
     if not extra:  # a user's selection (-k, a path) is about tests, not style
         add(lint(versions[-1]))
-    add(_pytest(versions[-1], None, ["tests/unit"], "unit", extra))
+    unit, real, options = _split_selection(extra)
+    if unit is None or unit:
+        add(_pytest(versions[-1], None, unit or ["tests/unit"], "unit", options))
     t = time.time()
-    results = run_combinations(lane_order(versions), default_jobs() if jobs is None else jobs,
-                               ["tests/contract", "tests/e2e"], extra)
+    results = {}
+    if real is None or real:
+        results = run_combinations(lane_order(versions),
+                                   default_jobs() if jobs is None else jobs,
+                                   real or ["tests/contract", "tests/e2e"], options)
     for (v, spec), counts in sorted(results.items(), key=lambda kv: (version_key(kv[0][0]),
                                                                       kv[0][1])):
         print(f"vllm-{v}-speculators-{spec}: {counts}", flush=True)

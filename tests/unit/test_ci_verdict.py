@@ -147,3 +147,13 @@ def test_contract_level_skips_name_tests_that_exist():
     for tid in envs.CONTRACT_LEVEL_SKIPS:
         path, name = tid.split("::")
         assert f"def {name}(" in (ROOT / path).read_text(), tid
+
+
+def test_a_path_selection_runs_only_in_the_suites_it_names():
+    """``envs.py test tests/e2e/test_transport.py -s`` runs that file in the real-vLLM
+    combinations only (collected in the unit suite's interpreter it was an error)."""
+    assert envs._split_selection(["tests/e2e/test_transport.py", "-s"]) == (
+        [], ["tests/e2e/test_transport.py"], ["-s"])
+    assert envs._split_selection(["tests/unit/test_proven.py::test_x", "tests/contract"]) == (
+        ["tests/unit/test_proven.py::test_x"], ["tests/contract"], [])
+    assert envs._split_selection(["-k", "transport"]) == (None, None, ["-k", "transport"])
