@@ -143,28 +143,21 @@ def _write(out: Path, meta: dict, rows: list[dict]) -> None:
 
 
 def _shim_code() -> dict:
-    """The shim code this run tests: ``shim`` (the commit, ``+dirty`` with uncommitted
-    changes under src/) and ``shim_src`` (``tools/matrix_fresh.py``'s digest of the adapter
-    code, which tells ``tools/matrix_proven.py`` whether the GPU level still describes
-    today's adapter code)."""
-    out: dict = {"shim": os.environ.get("SPECULATORS_COMPAT_COMMIT")}
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        out["shim"] = head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        pass
+    """The shim code this run tests, as the CPU matrix records it (``tools/matrix.py``'s
+    ``shim_stamp``): ``shim`` (the commit, ``+dirty`` with uncommitted changes under src/;
+    ``SPECULATORS_COMPAT_COMMIT`` where the copy has no git) and ``shim_src`` (the adapter
+    code's digest, which tells ``tools/matrix_proven.py`` whether the GPU level still
+    describes today's adapter code)."""
     sys.path.insert(0, str(ROOT / "tools"))
     try:
-        import matrix_fresh
+        import matrix
 
-        out["shim_src"] = matrix_fresh.source_digest(ROOT)
+        out = matrix.shim_stamp()
     except Exception as exc:  # noqa: BLE001 - the run itself does not depend on it
-        out["shim_src_error"] = repr(exc)
+        out = {"shim_src_error": repr(exc)}
     finally:
         sys.path.remove(str(ROOT / "tools"))
+    out["shim"] = out.get("shim") or os.environ.get("SPECULATORS_COMPAT_COMMIT")
     return out
 
 
