@@ -461,6 +461,8 @@ def run_child(mode: str, params: dict, timeout: int, log_dir: Path | None) -> di
     # lets LLM.collective_rpc carry the benchmark's timing callable to (a)'s worker (the
     # generator's executor takes callables anyway); set for every mode alike
     env.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    if params.get("cpu_detail"):
+        env[bench_timers.CPU_DETAIL_ENV] = "1"
     if params.get("pycache_prefix"):
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = params["pycache_prefix"]
@@ -685,6 +687,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-cache-gib", type=int, default=1,
                     help="VLLM_CPU_KVCACHE_SPACE (GiB, integer) for the children, unless "
                          "already set")
+    ap.add_argument("--cpu-detail", action="store_true",
+                    help="also record each process's system CPU time and minor page faults "
+                         "per call (extra rows in the report)")
     ap.add_argument("--no-pycache", action="store_true",
                     help="run the children with the interpreter's bytecode settings as they "
                          "are (default: write/read bytecode under .cache/bench/pycache, "
@@ -736,7 +741,7 @@ def main(argv=None) -> int:
         log_dir.mkdir(parents=True, exist_ok=True)
     overrides = dict(MODEL_OVERRIDES)
     name = "llama-" + "-".join(f"{k}{v}" for k, v in sorted(overrides.items()))
-    base = {"kv_cache_gib": a.kv_cache_gib,
+    base = {"kv_cache_gib": a.kv_cache_gib, "cpu_detail": a.cpu_detail,
             "pycache_prefix": None if a.no_pycache else str(Path(a.ckpt_root) / "pycache")}
     print(f"building/reusing checkpoint {name} ...", flush=True)
     built = run_child("build", {**base, "ckpt_root": a.ckpt_root, "ckpt_name": name,

@@ -74,6 +74,18 @@ def one_line(r: dict) -> str:
     return head + ", ".join(f"{k} {r[k]:.2f}" for k in keys)
 
 
+
+def _cpu_row(lab: str, proc: str, stat) -> str:
+    """A per-process CPU row; ``bench.py --cpu-detail`` adds a process's system time
+    (``NAME/system``) and minor page faults (``NAME/minor-faults-k``)."""
+    if proc.endswith("/minor-faults-k"):
+        return (f"| minor page faults per call, ({lab}), process "
+                f"{proc[:-len('/minor-faults-k')]}, thousands | {_fmt(stat, digits=1)} |")
+    if proc.endswith("/system"):
+        return (f"| system CPU time per call, ({lab}), process {proc[:-len('/system')]}, s "
+                f"| {_fmt(stat, digits=2)} |")
+    return f"| CPU time per call, ({lab}), process {proc}, s | {_fmt(stat, digits=2)} |"
+
 def _fmt(st: dict | None, scale: float = 1.0, digits: int = 1, pct: bool = False) -> str:
     if not st:
         return "n/a"
@@ -156,11 +168,10 @@ def markdown(data: dict) -> str:
         *([f"| (a) worker step CPU, slowest / fastest of one process's identical calls | "
            f"{_fmt(agg['a_step_cpu_spread'], digits=2)} |"]
           if agg.get("a_step_cpu_spread") else []),
-        *[f"| CPU time per call, ({lab}), process {proc}, s | {_fmt(agg[k], digits=2)} |"
+        *[_cpu_row(lab, k[len(pre):], agg[k])
           for lab, pre in (("a", "a_cpu_s."), ("b", "b_cpu_s."), ("d on", "d_on_cpu_s."),
                            ("d off", "d_off_cpu_s."))
-          for k in sorted(agg) if k.startswith(pre)
-          for proc in [k[len(pre):]]],
+          for k in sorted(agg) if k.startswith(pre)],
         f"| (a) startup `LLM(...)`, s | {_fmt(agg['a_startup_s'])} |",
         f"| (b) startup `VllmHiddenStatesGenerator(...)`, s | {_fmt(agg['b_startup_s'])} |",
         f"| (c) `import vllm`, s | {_fmt(agg.get('c_vllm.import_vllm_s'), digits=2)} |",
