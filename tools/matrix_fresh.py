@@ -111,9 +111,9 @@ def adapter_paths(root: Path = ROOT) -> list[str]:
 
 
 def code_of(text: str) -> str:
-    """A module's code without its docstrings and comments: the ``ast`` dump with every
-    module, class and function docstring removed, positions left out. The text itself
-    where it does not parse."""
+    """A module's code without its docstrings and comments: a dump of its syntax tree with
+    every module, class and function docstring removed, positions left out (:func:`_dump`).
+    The text itself where it does not parse."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -124,7 +124,33 @@ def code_of(text: str) -> str:
             if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                     and isinstance(body[0].value.value, str)):
                 node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree, include_attributes=False)
+    return _dump(tree)
+
+
+def _dump(node: Any) -> str:
+    """A syntax tree as text, the same on every Python that parses it alike.
+
+    Why not ``ast.dump``: its text differs between Python releases for the same code
+    (3.12 adds ``type_params=[]`` to every function and class, 3.13 leaves out empty
+    fields), so a digest of it depends on the interpreter that computes it: the GPU
+    machine's Python 3.12 and the CPU matrix's 3.11 gave two digests of one tree; early
+    3.12 releases also put an empty string piece into an f-string's nested format spec.
+    Fields that are ``None`` or empty and f-string pieces that are empty strings are left
+    out here, and nothing else is."""
+    if isinstance(node, ast.AST):
+        fields = []
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(node, ast.JoinedStr) and name == "values":
+                value = [v for v in value
+                         if not (isinstance(v, ast.Constant) and v.value == "")]
+            if value is None or (isinstance(value, list) and not value):
+                continue
+            fields.append(f"{name}={_dump(value)}")
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ", ".join(_dump(x) for x in node) + "]"
+    return repr(node)
 
 
 def source_digest(root: Path = ROOT) -> str:

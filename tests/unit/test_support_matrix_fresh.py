@@ -44,6 +44,24 @@ def test_adapter_code_of_this_package():
     assert not any(p.startswith(f"{PKG}/demo/") for p in paths)
 
 
+def test_code_is_the_same_text_on_every_python():
+    """The digest must not depend on the interpreter computing it: the GPU machine's
+    Python 3.12 and the CPU matrix's 3.11 gave two digests of one tree with ``ast.dump``
+    (3.12's ``type_params=[]``; 3.12.1's empty piece in a nested f-string format spec).
+    The expected text is fixed, so this fails on any Python that dumps it otherwise."""
+    code = matrix_fresh.code_of('def f(x, w):\n    """Doc."""\n    return f"{x:<{w}}"\n')
+    assert code == (
+        "Module(body=[FunctionDef(name='f', args=arguments(args=[arg(arg='x'), "
+        "arg(arg='w')]), body=[Return(value=JoinedStr(values=[FormattedValue("
+        "value=Name(id='x', ctx=Load()), conversion=-1, format_spec=JoinedStr(values=["
+        "Constant(value='<'), FormattedValue(value=Name(id='w', ctx=Load()), "
+        "conversion=-1)]))]))])])")
+    # a change of code still shows; a docstring alone does not
+    assert matrix_fresh.code_of("def f(x, w):\n    return x\n") != code
+    assert matrix_fresh.code_of(
+        'def f(x, w):\n    """Other."""\n    return f"{x:<{w}}"\n') == code
+
+
 # --------------------------------------------------------------------------- throwaway repos
 
 def git(repo: Path, *args: str) -> str:
