@@ -983,6 +983,8 @@ def render_main(a) -> int:
                   file=sys.stderr)
     files = [_repo_path(f) for f in a.files]
     md = render_markdown(docs, files)
+    if a.plot is None:  # the docs' plot only with the docs: a look at a file leaves both be
+        a.plot = str(ROOT / "docs" / "perf-gpu.svg") if a.update_docs else ""
     if a.plot and bench:
         Path(a.plot).parent.mkdir(parents=True, exist_ok=True)
         Path(a.plot).write_text(render_svg(docs))
@@ -1017,7 +1019,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu_bench.py render", description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+",
                    help="gpu_bench.json (merged) and offline_script.json files")
-    p.add_argument("--plot", default=str(ROOT / "docs" / "perf-gpu.svg"))
+    p.add_argument("--plot", default=None,
+                   help="SVG to write (default: docs/perf-gpu.svg with --update-docs, "
+                        "else none)")
     p.add_argument("--update-docs", action="store_true",
                    help="write the generated GPU block of --docs")
     p.add_argument("--docs", default=str(ROOT / "docs" / "performance.md"))
