@@ -33,7 +33,8 @@ def test_fresh_pages_show_as_faults(monkeypatch):
     finally:
         child.communicate(b"")
     assert delta["driver/minor-faults-k"] > 10  # thousands
-    assert delta["driver"] >= delta.get("driver/system", 0.0)
+    # user + system against system alone (both differences of floats: a tolerance)
+    assert delta["driver"] >= delta.get("driver/system", 0.0) - 1e-3
 
 
 def test_rows_name_their_units():
