@@ -74,7 +74,6 @@ def one_line(r: dict) -> str:
     return head + ", ".join(f"{k} {r[k]:.2f}" for k in keys)
 
 
-
 def _cpu_row(lab: str, proc: str, stat) -> str:
     """A per-process CPU row; ``bench.py --cpu-detail`` adds a process's system time
     (``NAME/system``) and minor page faults (``NAME/minor-faults-k``)."""
@@ -85,6 +84,7 @@ def _cpu_row(lab: str, proc: str, stat) -> str:
         return (f"| system CPU time per call, ({lab}), process {proc[:-len('/system')]}, s "
                 f"| {_fmt(stat, digits=2)} |")
     return f"| CPU time per call, ({lab}), process {proc}, s | {_fmt(stat, digits=2)} |"
+
 
 def _fmt(st: dict | None, scale: float = 1.0, digits: int = 1, pct: bool = False) -> str:
     if not st:
