@@ -93,6 +93,7 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 import bench_profile  # noqa: E402  (beside this file)
+import bench_timeline  # noqa: E402  (beside this file)
 import bench_timers  # noqa: E402  (beside this file)
 import gpu_bench_loops as loops  # noqa: E402  (beside this file)
 from gpu_bench_render import src_digest  # noqa: E402
@@ -520,6 +521,39 @@ def run_profile(p: dict, res: dict, ex, rpc, peak: _Peak) -> None:
     _emit(p, res, peak)
 
 
+def run_timeline(p: dict, res: dict, ex, rpc, peak: _Peak) -> None:
+    """``--timeline-calls``: after the timed passes (and ``--profile-calls``), one pass of
+    that many calls of the largest batch, in the path's offline loop where it runs one
+    (else its first loop; (a): none), under the workers' CUDA timeline
+    (:mod:`bench_timeline`; the result's "timeline"), when it fits before the deadline."""
+    calls = p.get("timeline_calls") or 0
+    if calls <= 0:
+        return
+    seqs, warm = _load_tokens(p)
+    size = max(int(x) for x in str(p["batches"]).split(","))
+    mode_loops = p.get("loops") or []
+    loop = None if p["mode"] == "a" else ("offline" if "offline" in mode_loops
+                                          else (mode_loops or ["held"])[0])
+    per_pass = _estimate(res, loop, size)
+    per_call = per_pass / max(1, -(-len(pass_seqs(seqs, size, p)) // size))
+    hard = p.get("deadline_at")
+    if hard and time.time() + 3 * (calls + 1) * per_call + p.get("pass_margin_s", 5.0) > hard:
+        res["timeline"] = {"skipped": f"deadline: {hard - time.time():.0f}s left"}
+        _emit(p, res, peak)
+        return
+    save_dir = Path(p.get("save_dir") or (Path(p["work"]) / "save")) / (
+        p["mode"].replace(":", "-") + "-timeline")
+
+    def one_pass() -> dict:
+        return loops.run_pass(ex, loop, seqs[: calls * size], size, lead_in=warm[:size],
+                              save_dir=save_dir)
+
+    res["timeline"] = _try(lambda: bench_timeline.run(one_pass, rpc,
+                                                      lambda rec: rec["calls_at"]))
+    shutil.rmtree(save_dir, ignore_errors=True)
+    _emit(p, res, peak)
+
+
 class _Extractor(loops.Extractor):
     """Defaults shared by the three paths."""
 
@@ -639,6 +673,7 @@ def child_a(p: dict) -> None:
     ex = _VllmPrefill(llm)
     run_passes(p, res, ex, peak)
     run_profile(p, res, ex, llm.collective_rpc, peak)
+    run_timeline(p, res, ex, llm.collective_rpc, peak)
     res["ok"] = True
     _emit(p, res, peak)
 
@@ -721,6 +756,7 @@ def child_b(p: dict) -> None:
     ex = _Generator(gen, p["layers"])
     run_passes(p, res, ex, peak)
     run_profile(p, res, ex, gen.executor.collective_rpc, peak)
+    run_timeline(p, res, ex, gen.executor.collective_rpc, peak)
     res["ok"] = True
     _emit(p, res, peak)
 
@@ -844,7 +880,9 @@ def child_c(p: dict) -> None:
     _check_workers(p, res["workers"])
     res["connector_ranks"] = _try(lambda: llm.collective_rpc(_connector_info))
     _check_writers(p, res["connector_ranks"])
-    run_passes(p, res, _Native(llm, len(aux), p.get("hidden_size")), peak)
+    ex = _Native(llm, len(aux), p.get("hidden_size"))
+    run_passes(p, res, ex, peak)
+    run_timeline(p, res, ex, llm.collective_rpc, peak)
     res["files_left"] = len(list(store.iterdir()))
     shutil.rmtree(store, ignore_errors=True)
     res["ok"] = True
@@ -1191,6 +1229,7 @@ class Parent:
                 "tp": a.tp, "hidden_size": (build.get("config") or {}).get("hidden_size"),
                 "loops": loops_arg(a.loops), "save_dir": a.save_dir,
                 "check_threads": a.check_threads, "profile_calls": a.profile_calls,
+                "timeline_calls": a.timeline_calls,
                 "pass_calls": a.pass_calls}
         checks = any(m.startswith(("b:", "c")) for m in modes)
         reserve = a.reserve_compare if checks else 0.0
@@ -1381,6 +1420,11 @@ def run_parser() -> argparse.ArgumentParser:
                    help="after the timed passes, this many untimed calls of the largest "
                         "batch under cProfile in the driver and the workers, for (a) and "
                         "(b) (benchmarks/bench_profile.py; the result's \"profile\")")
+    p.add_argument("--timeline-calls", type=int, default=0,
+                   help="after the timed passes, one pass of this many calls of the largest "
+                        "batch (offline loop where run) under the workers' CUDA timeline, "
+                        "for every path (benchmarks/bench_timeline.py; the result's "
+                        "\"timeline\")")
     p.add_argument("--check-threads", type=int, default=8,
                    help="threads of the checksums that consume held and dropped results")
     p.add_argument("--tp", type=int, default=1,

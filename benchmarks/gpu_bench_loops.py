@@ -235,7 +235,7 @@ def run_pass(ex: Extractor, loop: str | None, seqs: list[list[int]], size: int, 
     batches = [seqs[i:i + size] for i in range(0, len(seqs), size)]
     masks = {id(s): torch.ones(len(s), dtype=torch.long) for s in seqs + (lead_in or [])}
     rec: dict = {"loop": loop, "batch": size, "calls_s": [], "calls_tokens": [],
-                 "rss_after_call_kib": [], "driver_calls": []}
+                 "calls_at": [], "rss_after_call_kib": [], "driver_calls": []}
     trim()
     rec["settle_s"] = settle()
     rec["rss_start"] = rss()
@@ -289,11 +289,13 @@ def run_pass(ex: Extractor, loop: str | None, seqs: list[list[int]], size: int, 
         lead_files = 0
     for batch in batches:
         before = ex.stats()
+        at = time.time()
         t = time.perf_counter()
         out = ex.call(batch)  # the previous call's results stay bound until here
         dt = time.perf_counter() - t
         after = ex.stats()
         rec["calls_s"].append(dt)
+        rec["calls_at"].append([at, at + dt])  # wall clock (bench_timeline's windows)
         rec["calls_tokens"].append(sum(map(len, batch)))
         rec["driver_calls"].append(stats_delta(before, after, nonzero=True))
         if check is not None:
