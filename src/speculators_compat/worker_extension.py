@@ -46,10 +46,18 @@ class _CompatHiddenStatesExtension:
         batch layout instead, which also covers decode rows and reordered batches."""
 
     def _reset_capture(self) -> None:
+        self._reset_capture_only()
+        sender = getattr(self, "_compat_sender", None)
+        if sender is not None:
+            sender.close_sent()
+
+    def _reset_capture_only(self) -> None:
+        """speculators' reset, leaving the regions sent to the driver open (the caller
+        closes them)."""
         cap = self._capture()
         sender = getattr(self, "_compat_sender", None)
         if sender is not None:
-            sender.end_calls()  # an abandoned call's copies still read rows reset() frees
+            sender.discard_sink()  # an abandoned call's copies still read rows reset() frees
         cap.reset()
         cap.sink = None
 
@@ -65,9 +73,12 @@ class _CompatHiddenStatesExtension:
         """speculators' ``_reset_capture`` with the call's plan (request ids and prompt
         lengths in input order) from the shim's driver: rows then go into the call's
         region while the model runs (:class:`speculators_compat.transport.worker.Sender`)."""
-        self._reset_capture()
+        self._reset_capture_only()
         cap = self._capture()
         if not cap.enabled or not plan:
+            sender = getattr(self, "_compat_sender", None)
+            if sender is not None:
+                sender.close_sent()
             return None
         cap.sink = self._compat_sender_of_worker().begin_call(plan, len(cap.layer_ids),
                                                               self.CONTRACT)

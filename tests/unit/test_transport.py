@@ -366,3 +366,74 @@ def test_populating_a_region_lets_other_threads_run(monkeypatch):
     region.close()
     assert region.populate_s > 0
     assert during > 0.1 * base, (during, base)
+
+
+def test_later_calls_are_laid_out_at_their_start_before_earlier_regions_close(monkeypatch):
+    """From the second call on, the region is made when the call starts, with the first
+    call's row format, and only then are the earlier calls' regions closed (unmapping and
+    mapping contend for the worker's address-space lock: the forward thread must not map);
+    the rows arrive exact. The first call lays out at its first rows."""
+    from speculators_compat.transport import worker as worker_mod
+
+    events = []
+    made = worker_mod.Region
+
+    class Recorded(made):
+        def __init__(self, nbytes):
+            events.append("make")
+            super().__init__(nbytes)
+
+    monkeypatch.setattr(worker_mod, "Region", Recorded)
+    monkeypatch.setattr(Sender, "close_sent", lambda self, _orig=Sender.close_sent:
+                        (events.append("close"), _orig(self))[1])
+    sender, receiver = Sender(), Receiver()
+    first = _states(call=0)
+    sink = sender.begin_call(_plan(first), 3, wire.BY_REQUEST)
+    assert sink.region is None  # nothing known of the rows yet
+    _fetch(receiver, _stream(sender, _copy(first)))
+    events.clear()
+    second = _states(lens=(8, 2, 30), seed=1, call=1)
+    got = _fetch(receiver, _stream(sender, _copy(second)))
+    assert events == ["make", "close"]  # one region, made before the first call's closed
+    assert _equal(got, second)
+    sender.close()
+
+
+def test_rows_of_another_format_than_foreseen_lay_the_call_out_again():
+    """A layout made at the call's start for bfloat16 rows meets float32 rows of the same
+    width: the region is made again at the first rows (before any copy), never a wrong
+    dtype or row size."""
+    sender, receiver = Sender(), Receiver()
+    _fetch(receiver, _stream(sender, _states(call=0)))
+    wide = {k: [t.float() for t in v] for k, v in _states(seed=2, call=1).items()}
+    reply = _stream(sender, _copy(wide))
+    assert reply["streamed"]
+    got = _fetch(receiver, reply)
+    assert _equal(got, wide)
+    sender.close()
+
+
+def test_closing_a_sent_region_keeps_the_drivers_copy():
+    """The worker drops its page-table entries span by span before unmapping; the
+    memfd's contents stay, so the driver's mapping reads the states unchanged."""
+    from speculators_compat.transport import region as region_mod
+
+    sender, receiver = Sender(), Receiver()
+    states = _states(lens=(300, 700), call=0)
+    original = region_mod.POPULATE_SPAN
+    region_mod.POPULATE_SPAN = 4096 * 4  # many spans for a small region
+    try:
+        got = _fetch(receiver, _stream(sender, _copy(states)))
+        sender.end_calls()
+        for t in list(threading_enumerate_close()):
+            t.join()
+        assert _equal(got, states)
+    finally:
+        region_mod.POPULATE_SPAN = original
+    sender.close()
+
+
+def threading_enumerate_close():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "speculators-compat-close"]

@@ -36,6 +36,7 @@ from typing import Any
 
 #: ``MADV_POPULATE_WRITE`` (Linux 5.14); Python's ``mmap`` names it only from 3.13.
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 #: Bytes populated per ``madvise`` call (the copies of a step can start meanwhile).
 POPULATE_SPAN = 32 << 20
 #: Fault the region in ahead (a measurement switch of the GPU benchmark, not a setting).
@@ -91,11 +92,18 @@ class Region:
         self.populate_s = time.perf_counter() - t0
 
     def close(self) -> None:
-        """Unmap and close (the driver's mapping, if any, keeps the memory)."""
+        """Unmap and close (the driver's mapping, if any, keeps the memory).
+
+        The page-table entries go first, a span at a time (``MADV_DONTNEED``, which for a
+        shared mapping leaves the memfd's contents as they are), so that no single call
+        holds the worker's address-space lock for a whole region: a ``mmap`` or heap
+        growth on the model's forward thread, while this runs on a background thread,
+        then waits for one span, not for the whole unmap."""
         self._stop = True
         if self._populator is not None:
             self._populator.join()
             self._populator = None
+        _drop_mapped_pages(self.mm, self.size)
         try:
             self.mm.close()
         except BufferError:  # a view is still alive: the mapping goes with it
@@ -104,6 +112,22 @@ class Region:
             os.close(self.fd)
         except OSError:
             pass
+
+
+def _drop_mapped_pages(mm, size: int) -> None:
+    """``MADV_DONTNEED`` over a *shared* mapping in spans (see :meth:`Region.close`); a
+    no-op where it cannot be done (closed mapping, no ``madvise``)."""
+    madvise = _madvise()
+    if madvise is None or mm.closed:
+        return
+    import numpy as np
+
+    view = np.frombuffer(mm, dtype=np.uint8)
+    base = view.ctypes.data
+    del view
+    for start in range(0, size, POPULATE_SPAN):
+        if madvise(base + start, min(POPULATE_SPAN, size - start), MADV_DONTNEED) != 0:
+            return
 
 
 def _madvise():

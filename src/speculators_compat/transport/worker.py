@@ -3,13 +3,21 @@
 :class:`Sender` lives on the capturing worker (TP rank 0) for the generator's life.
 When a ``generate()`` call starts, the driver sends the call's plan (request ids and
 prompt lengths in input order) and the sender opens a :class:`CallSink` for it. The
-decoder-layer hooks hand the sink each step's rows; the first rows fix the row width and
-dtype, so the sink then lays the whole call out in one :class:`~.region.Region` in the
-installed speculators' contract (0.4.x: one block per request and layer; 0.3.x: one lane
-per layer with the requests concatenated in input order; both layer by layer, requests in
-input order), starts faulting it in, and copies every later row to its place
-(:class:`~.copies.RowCopier`), consecutive requests' rows of a step as one copy. When
-speculators asks for the states, only a descriptor is left to send.
+sink lays the whole call out in one :class:`~.region.Region` in the installed
+speculators' contract (0.4.x: one block per request and layer; 0.3.x: one lane per layer
+with the requests concatenated in input order; both layer by layer, requests in input
+order), starts faulting it in, and copies every row the decoder-layer hooks hand it to
+its place (:class:`~.copies.RowCopier`), consecutive requests' rows of a step as one
+copy. When speculators asks for the states, only a descriptor is left to send.
+
+When the layout is made: the rows' width and dtype fix it. From the second call on they
+are the previous call's, so the region is made when the call starts, before the earlier
+calls' regions are closed, and the model's forward thread makes none. Why: unmapping a
+region and mapping one contend for the worker's address-space lock; the first layer hook
+of a call that mapped its region while the previous one was being unmapped waited 25-45
+ms on an H100 with the GPU idle (kernel timeline of the GPU benchmark, 2026-12-05). The
+first call, or rows of another width or dtype than foreseen (the region is then made
+again before any row went into it), lay out at the first rows.
 
 Anything the plan did not foresee (a request not in it, rows past a prompt's end, a
 prompt computed again after a preemption, a region that could not be made) switches
@@ -47,21 +55,24 @@ class CallSink:
         self._arr: Any = None  # the region's bytes
         self._row_bytes = 0
         self._next: dict[tuple[str, int], int] = {}  # next prompt position per block
+        #: (width, row bytes, dtype name) the layout was made for; ``None`` before.
+        self.row_format: tuple | None = None
+        self._seen_rows = False
 
-    def _lay_out(self, sample) -> None:
-        """The call's layout, from the first rows (width and dtype); makes the region.
+    def lay_out(self, row_format: tuple) -> None:
+        """The call's layout for rows of ``row_format`` (:func:`row_format_of`); makes the
+        region and starts faulting it in.
 
         Blocks lie layer by layer, requests in input order within a layer, for both
         contracts (0.3.x's lane of a layer is exactly its requests' blocks back to back):
         a step's rows of one layer for consecutive whole requests are then one run in the
         step's tensor and one run in the region, and go as one copy (:meth:`write`)."""
-        width = tuple(sample.shape[1:])
-        row_bytes = sample[0].numel() * sample.element_size()
-        dtype = str(sample.dtype)
+        width, row_bytes, dtype = row_format
         total = sum(n for _, n in self.plan)
         self.region = Region(total * row_bytes * self.n_layers)
         self.region.populate()
         self._arr = self.region.array()
+        self.items, self._dst = [], {}
         off = 0
         for slot in range(self.n_layers):
             if self.contract == wire.LIST:
@@ -75,6 +86,19 @@ class CallSink:
                     self.items.append((rid, slot, self._dst[(rid, slot)][0], (n, *width),
                                        dtype))
         self._row_bytes = row_bytes
+        self.row_format = row_format
+
+    def _first_rows(self, sample) -> None:
+        """The first rows of the call: lay out now, or again if the layout made at the
+        call's start foresaw another width or dtype (nothing was copied into it yet)."""
+        seen = row_format_of(sample)
+        if self.region is not None and seen == self.row_format:
+            return
+        if self.region is not None:
+            self._arr = None
+            self.region.close()
+            self.region = None
+        self.lay_out(seen)
 
     def write(self, slot: int, entries) -> None:
         """``entries``: (request id, prompt position, rows) of one layer in one step. Rows
@@ -84,8 +108,9 @@ class CallSink:
             return
         t0 = time.perf_counter()
         try:
-            if self.region is None:
-                self._lay_out(entries[0][2])
+            if not self._seen_rows:
+                self._first_rows(entries[0][2])
+                self._seen_rows = True
             runs: list = []  # [region start, region end, rows]
             for rid, pos, rows in entries:
                 block = self._dst.get((rid, slot))
@@ -142,6 +167,9 @@ class Sender:
         self.copier = RowCopier()
         self.sink: CallSink | None = None
         self._sent: list[Region] = []
+        #: The rows' (width, row bytes, dtype name) of the last streamed call: the next
+        #: call is laid out with it when it starts (see module).
+        self.row_format: tuple | None = None
         #: ``streamed``: calls whose rows went to their region while the model ran;
         #: ``exported``: calls written into a region at their end; ``bytes``: bytes sent;
         #: ``populate_s``: time spent faulting regions in (background); ``write_s``: time
@@ -151,19 +179,36 @@ class Sender:
                       "write_s": 0.0, "copies": 0}
 
     def begin_call(self, plan, n_layers: int, contract: str) -> CallSink | None:
-        """A call starts: close what earlier calls left (the driver has mapped every region
-        it was sent), and open this call's sink (``None`` without a plan)."""
-        self.end_calls()
-        self.sink = (CallSink(self.copier, plan, n_layers, contract, self.stats)
-                     if plan else None)
+        """A call starts: open its sink (``None`` without a plan), laid out already where
+        the previous call's rows say how (see module), then close what earlier calls left
+        (the driver has mapped every region it was sent)."""
+        self.discard_sink()
+        sink = CallSink(self.copier, plan, n_layers, contract, self.stats) if plan else None
+        if sink is not None and self.row_format is not None:
+            try:
+                sink.lay_out(self.row_format)
+            except (OSError, MemoryError, ValueError):  # the first rows try again
+                sink.discard()
+                sink = CallSink(self.copier, plan, n_layers, contract, self.stats)
+        self.sink = sink
+        self.close_sent()
         return self.sink
 
     def end_calls(self) -> None:
+        self.discard_sink()
+        self.close_sent()
+
+    def discard_sink(self) -> None:
+        """The open call (if any) ends without its region being sent."""
         sink, self.sink = self.sink, None
         if sink is not None:
             sink.discard()
+
+    def close_sent(self) -> None:
+        """Close the regions sent to the driver (it has mapped them), in the background:
+        unmapping a call's worth of pages takes a while, and not on the forward's thread."""
         sent, self._sent = self._sent, []
-        if sent:  # unmapping a call's worth of pages takes a while: not before the forward
+        if sent:
             threading.Thread(target=self._close, args=(sent,), daemon=True,
                              name="speculators-compat-close").start()
 
@@ -184,6 +229,7 @@ class Sender:
                 whole = False
             if whole:
                 sink._arr = None
+                self.row_format = sink.row_format
                 self.stats["streamed"] += 1
                 return self._send(sink.region, contract, sink.items, streamed=True)
             sink.discard()
@@ -227,6 +273,11 @@ class Sender:
     def close(self) -> None:
         self.end_calls()
         self.copier.close()
+
+
+def row_format_of(rows) -> tuple:
+    """(width, bytes per row, dtype name) of a step's rows: what a call's layout needs."""
+    return (tuple(rows.shape[1:]), rows[0].numel() * rows.element_size(), str(rows.dtype))
 
 
 def _joined(a, b):
