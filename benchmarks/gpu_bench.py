@@ -501,6 +501,21 @@ def run_passes(p: dict, res: dict, ex, peak: _Peak) -> None:
         res["check_file_missing"] = "no held pass ran in round 0"
 
 
+def _largest_batch(p: dict) -> int:
+    return max(int(x) for x in str(p["batches"]).split(","))
+
+
+def _past_deadline(p: dict, res: dict, loop, seqs: list, size: int, calls: int) -> str | None:
+    """Why ``calls`` untimed calls at batch ``size`` (three times a timed call of ``loop``
+    each) would not end before the child's deadline, or ``None`` if they fit."""
+    per_pass = _estimate(res, loop, size)
+    per_call = per_pass / max(1, -(-len(pass_seqs(seqs, size, p)) // size))
+    hard = p.get("deadline_at")
+    if hard and time.time() + 3 * calls * per_call + p.get("pass_margin_s", 5.0) > hard:
+        return f"deadline: {hard - time.time():.0f}s left"
+    return None
+
+
 def run_profile(p: dict, res: dict, ex, rpc, peak: _Peak) -> None:
     """``--profile-calls``: after the timed passes, that many untimed calls of the largest
     batch under cProfile in the driver and the workers (:mod:`bench_profile`), when they
@@ -509,12 +524,10 @@ def run_profile(p: dict, res: dict, ex, rpc, peak: _Peak) -> None:
     if calls <= 0:
         return
     seqs, _ = _load_tokens(p)
-    size = max(int(x) for x in str(p["batches"]).split(","))
-    per_pass = _estimate(res, "held", size)
-    per_call = per_pass / max(1, -(-len(pass_seqs(seqs, size, p)) // size))
-    hard = p.get("deadline_at")
-    if hard and time.time() + 3 * calls * per_call + p.get("pass_margin_s", 5.0) > hard:
-        res["profile"] = {"skipped": f"deadline: {hard - time.time():.0f}s left"}
+    size = _largest_batch(p)
+    late = _past_deadline(p, res, "held", seqs, size, calls)
+    if late:
+        res["profile"] = {"skipped": late}
     else:
         res["profile"] = _try(lambda: bench_profile.profile_calls(ex.call, rpc, seqs[:size],
                                                                   calls))
@@ -530,15 +543,13 @@ def run_timeline(p: dict, res: dict, ex, rpc, peak: _Peak) -> None:
     if calls <= 0:
         return
     seqs, warm = _load_tokens(p)
-    size = max(int(x) for x in str(p["batches"]).split(","))
+    size = _largest_batch(p)
     mode_loops = p.get("loops") or []
     loop = None if p["mode"] == "a" else ("offline" if "offline" in mode_loops
                                           else (mode_loops or ["held"])[0])
-    per_pass = _estimate(res, loop, size)
-    per_call = per_pass / max(1, -(-len(pass_seqs(seqs, size, p)) // size))
-    hard = p.get("deadline_at")
-    if hard and time.time() + 3 * (calls + 1) * per_call + p.get("pass_margin_s", 5.0) > hard:
-        res["timeline"] = {"skipped": f"deadline: {hard - time.time():.0f}s left"}
+    late = _past_deadline(p, res, loop, seqs, size, calls + 1)  # + the lead-in call
+    if late:
+        res["timeline"] = {"skipped": late}
         _emit(p, res, peak)
         return
     save_dir = Path(p.get("save_dir") or (Path(p["work"]) / "save")) / (

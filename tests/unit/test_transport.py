@@ -425,7 +425,7 @@ def test_closing_a_sent_region_keeps_the_drivers_copy():
     try:
         got = _fetch(receiver, _stream(sender, _copy(states)))
         sender.end_calls()
-        for t in list(threading_enumerate_close()):
+        for t in _close_threads():
             t.join()
         assert _equal(got, states)
     finally:
@@ -433,7 +433,8 @@ def test_closing_a_sent_region_keeps_the_drivers_copy():
     sender.close()
 
 
-def threading_enumerate_close():
+def _close_threads():
+    """The sender's background threads closing sent regions, still running."""
     import threading
 
     return [t for t in threading.enumerate() if t.name == "speculators-compat-close"]
