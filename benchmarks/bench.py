@@ -780,13 +780,27 @@ def main(argv=None) -> int:
     data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     data["aggregate"] = aggregate(data["runs"])
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(data, indent=1, default=str) + "\n")
+    Path(a.out).write_text(json.dumps(_repo_relative(data), indent=1, default=str) + "\n")
     perfreport.write_outputs(data, plot=a.plot, docs=a.docs if a.update_docs else None)
     print(perfreport.markdown(data))
     print(f"wrote {a.out}, {a.plot}" + (f", {a.docs}" if a.update_docs else ""))
     failed = [r for r in data["runs"] + data.get("prime", [])
               if "error" in r or r.get("ok") is False]
     return 1 if failed else 0
+
+
+def _repo_relative(obj):
+    """``obj`` with every string that names a path under the repository written relative
+    to it: a results file committed to ``benchmarks/`` then says nothing about the
+    checkout it was made in (the children got the absolute paths)."""
+    root = str(ROOT) + os.sep
+    if isinstance(obj, dict):
+        return {k: _repo_relative(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_repo_relative(v) for v in obj]
+    if isinstance(obj, str) and obj.startswith(root):
+        return obj[len(root):]
+    return obj
 
 
 def _exit_on_signal(signum, _frame) -> None:

@@ -12,6 +12,10 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do _parts+=("$1"); shift; done
 GPU_ARGS=("$@")
 if [ ${#_parts[@]} -gt 0 ]; then python3 tools/gpu_kit.py stash "${_parts[@]}" || exit 1; fi
 GPU_T0=$(date +%s)
+# The host's memory and disk every 2 s into $OUT/host.txt; the call's processes are
+# killed before the host runs out of either (tools/gpu_host_watch.sh).
+mkdir -p "${OUT:-/tmp}"
+bash tools/gpu_host_watch.sh $$ "${OUT:-/tmp}/host.txt" >/dev/null 2>&1 &
 python3 tools/gpu_kit.py install || exit 1
 echo "kit install: $(( $(date +%s) - GPU_T0 )) s"
 _kit_env="${GPU_KIT_SITE:-/root/site}/.gpu-kit-env.sh"
