@@ -12,7 +12,8 @@ generator's executor instance) and the same batch is then retried, as a user's l
 would. After every call: the scheduler holds no request, and the model runner holds at
 most the last call's requests (released with the next call's first step). Every
 ``--check-every``-th batch is compared with transformers. Driver and worker RSS are
-sampled after warm-up and along the run.
+sampled after warm-up and along the run, with the transport's regions each maps (bounded:
+a region that outlived its call would make the count grow).
 
 Usage::
 
@@ -32,11 +33,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def worker_rss(worker) -> tuple[int, int]:
-    """(pid, RSS bytes) of a vLLM worker process (asked with ``collective_rpc``)."""
+#: The transport's regions a process may map between two calls: the worker keeps the last
+#: call's region until the next call starts (and may still be closing the one before);
+#: the driver maps the results alive (here one call's) plus any its unmapping thread has
+#: not reached yet. A region that outlives its call makes the count grow with the calls.
+MAX_REGIONS = {"worker": 2, "driver": 3}
+
+
+def transport_regions(pid: int | str = "self") -> int:
+    """How many of the transport's memfd regions process ``pid`` maps (distinct files)."""
+    files = set()
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            if "/memfd:speculators-compat" in line:
+                files.add(line.split()[4])  # the inode
+    return len(files)
+
+
+def worker_rss(worker) -> tuple[int, int, int]:
+    """(pid, RSS bytes, transport regions mapped) of a vLLM worker process (asked with
+    ``collective_rpc``)."""
     import psutil
 
-    return os.getpid(), psutil.Process().memory_info().rss
+    return os.getpid(), psutil.Process().memory_info().rss, transport_regions()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fail-every", type=int, default=500)
     p.add_argument("--check-every", type=int, default=100, help="batches")
     p.add_argument("--warmup", type=int, default=10, help="batches before the RSS baseline")
+    p.add_argument("--sample-every", type=int, default=25,
+                   help="batches between two samples of RSS and transport regions")
     p.add_argument("--ckpts", default=str(ROOT / ".cache" / "ckpts"))
     a = p.parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -69,16 +90,24 @@ def main(argv: list[str] | None = None) -> int:
     layers = [0, 2, 5]
     gen = VllmHiddenStatesGenerator(model, layer_ids=layers, max_model_len=512)
     driver = psutil.Process()
-    result: dict = {"model": model, "sequences": a.sequences, "batch": a.batch,
+    shown = Path(model).resolve()
+    result: dict = {"model": str(shown.relative_to(ROOT) if shown.is_relative_to(ROOT)
+                                 else shown), "sequences": a.sequences, "batch": a.batch,
                     "versions": dict(report.versions),
                     "failures_injected": 0, "failures_raised": 0, "checks": [],
                     "rss": [], "problems": []}
 
     def sample(batch_no: int, when: str = "after") -> None:
         workers = gen.executor.collective_rpc(worker_rss)
+        regions = {"driver": transport_regions(), "workers": [n for _, _, n in workers]}
         result["rss"].append({"batch": batch_no, "when": when,
                               "driver_mb": driver.memory_info().rss / 2**20,
-                              "workers_mb": [r / 2**20 for _, r in workers]})
+                              "workers_mb": [r / 2**20 for _, r, _ in workers],
+                              "regions": regions})
+        if (regions["driver"] > MAX_REGIONS["driver"]
+                or max(regions["workers"]) > MAX_REGIONS["worker"]):
+            result["problems"].append({"batch": batch_no, "error": "transport regions "
+                                       f"left mapped: {regions} (at most {MAX_REGIONS})"})
 
     def state_check(batch_no: int, size: int) -> None:
         """Scheduler empty; the runner holds at most the last successful call's
@@ -140,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "max_rel_l2_err": cmp.get("max_rel_l2_err")})
             if not cmp["ok"]:
                 result["problems"].append({"batch": batch_no, "error": cmp["reasons"][:3]})
-        if batch_no == a.warmup or batch_no % 25 == 0:
+        if batch_no == a.warmup or batch_no % a.sample_every == 0:
             sample(batch_no)
         done += n
         batch_no += 1
