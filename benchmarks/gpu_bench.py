@@ -1393,7 +1393,23 @@ def main(argv: list[str] | None = None) -> int:
     if any(m.strip() in ("b",) or m.strip().startswith("b:") for m in a.modes.split(",")) \
             and not a.spec:
         raise SystemExit("mode b needs at least one --spec VERSION=DIR")
+    capped = capped_deadline(a.deadline, a.end_by, time.time())
+    if capped < a.deadline:
+        print(f"--deadline {a.deadline:.0f}s lowered to {capped:.0f}s: the call must end by "
+              f"--end-by {a.end_by:.0f}", flush=True)
+        a.deadline = capped
     return Parent(a).main()
+
+
+def capped_deadline(deadline: float, end_by: float | None, now: float) -> float:
+    """``--deadline`` no later than ``--end-by`` (a wall-clock time, seconds since the
+    epoch) allows. Why: a device call has a hard limit, and the kit's install and the
+    checkpoint's build before the run are not the benchmark's to know; a call killed at
+    its limit returns nothing (``tools/gpu_bench.sh`` passes the call's start plus its
+    limit, less a margin for the children's exit and the logs)."""
+    if end_by is None:
+        return deadline
+    return max(0.0, min(deadline, end_by - now))
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -1469,6 +1485,10 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--c-layer-offset", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--c-storage", default=None, help="(c)'s shared_storage_path parent")
     p.add_argument("--deadline", type=float, default=525, help="seconds for the whole run")
+    p.add_argument("--end-by", type=float, default=None,
+                   help="a wall-clock time (seconds since the epoch) the run must end by: "
+                        "lowers --deadline where it allows less (tools/gpu_bench.sh sets it "
+                        "from the device call's start and GPU_CALL_LIMIT_S)")
     p.add_argument("--timeout", type=float, default=420, help="seconds per child")
     p.add_argument("--min-child", type=float, default=75,
                    help="seconds kept for every later child; no child starts with less")

@@ -36,8 +36,13 @@ if [ ! -d /root/gpu-bench/ckpt ] && [ "${free_gb:-0}" -lt "${GPU_BENCH_MIN_FREE_
          "a fresh machine." >&2
     exit 2
 fi
+# The run ends GPU_CALL_MARGIN_S (60) before the call's limit, GPU_CALL_LIMIT_S (600, the
+# device's longest call; set it to the call's timeout where that is shorter), counted from
+# the call's start: --deadline is lowered to fit after the kit's install. A call that
+# overruns its limit returns nothing.
+end_by=$(( GPU_CALL_T0 + ${GPU_CALL_LIMIT_S:-600} - ${GPU_CALL_MARGIN_S:-60} ))
 python3 benchmarks/gpu_bench.py --out "$out" --work /root/gpu-bench --site /root/site \
-    "${GPU_SPECS[@]}" "${GPU_ARGS[@]}"
+    --end-by "$end_by" "${GPU_SPECS[@]}" "${GPU_ARGS[@]}"
 rc=$?
 tar -C /root/gpu-bench -cJf "$out/logs.tar.xz" logs 2>/dev/null || true  # every child's log
 echo "benchmark: $(( $(date +%s) - GPU_T0 )) s since install began, rc=$rc"

@@ -5,6 +5,8 @@
 # Leaves the arguments after `--` in GPU_ARGS, the install start time in GPU_T0, and cds
 # to the repository root.
 set -uo pipefail
+# When the call began (before the parts are stashed): what GPU_CALL_LIMIT_S counts from.
+GPU_CALL_T0=${GPU_CALL_T0:-$(date +%s)}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 _parts=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do _parts+=("$1"); shift; done

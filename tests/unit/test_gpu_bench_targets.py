@@ -249,3 +249,19 @@ def test_pass_calls_give_every_batch_size_the_same_number_of_calls():
     header = gr._header([{"params": {"num_seqs": 256, "pass_calls": 8}}], None)
     assert "of which a pass at batch B takes the first 8 × B (8 calls)" in header[-1]
     assert "per pass" in gr._header([{"params": {"num_seqs": 96}}], None)[-1]
+
+
+def test_the_call_limit_lowers_the_deadline_and_never_raises_it():
+    """``--end-by`` (from tools/gpu_bench.sh: the device call's start plus its limit, less
+    a margin) caps ``--deadline``: a call whose kit install took a minute gets a minute
+    less, and a deadline already inside the limit stays."""
+    now = 1_000_000.0
+    assert gb.capped_deadline(530, now + 600 - 60 - 36, now) == 504
+    assert gb.capped_deadline(300, now + 504, now) == 300
+    assert gb.capped_deadline(530, None, now) == 530
+    assert gb.capped_deadline(530, now - 5, now) == 0.0
+
+
+def test_the_parser_takes_end_by():
+    a = gb.run_parser().parse_args(["--end-by", "1234.5", "--deadline", "400"])
+    assert (a.end_by, a.deadline) == (1234.5, 400)
