@@ -2,8 +2,9 @@
 # (sourced, not run): stash the kit parts named before `--`, install the kit (once per
 # machine), set the offline / NCCL environment and, for a kit that carries its own torch
 # (vLLM 0.34), the environment its install wrote (LD_PRELOAD of the NCCL stub, ...).
-# Leaves the arguments after `--` in GPU_ARGS, the install start time in GPU_T0, and cds
-# to the repository root.
+# Leaves the arguments after `--` in GPU_ARGS, the call's start in GPU_CALL_T0 (unless the
+# caller set it), the install start time in GPU_T0, and cds to the repository root; starts
+# tools/gpu_host_watch.sh for the call.
 set -uo pipefail
 # When the call began (before the parts are stashed): what GPU_CALL_LIMIT_S counts from.
 GPU_CALL_T0=${GPU_CALL_T0:-$(date +%s)}
