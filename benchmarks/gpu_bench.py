@@ -43,7 +43,8 @@ Every child writes its result after every pass, and the parent rewrites
 ``<out>/gpu_bench.json`` after every child, so a run cut short still returns its data. A
 failed child is recorded with its log tail; the parent goes on. ``--deadline`` (seconds for
 the whole call) keeps one device command under its limit: each child gets the time left
-minus ``--min-child`` for every child after it and ``--reserve-compare``, and starts no
+minus ``--min-child`` for every child after it and ``--reserve-compare``, but never less
+than ``--min-child`` (a short call runs the first paths and skips the last), and starts no
 pass it cannot finish by then (skipped passes are listed, later rounds first); its rounds
 after the first stop at an equal share of the time left, so that slow engine starts early
 in a call (a fresh machine) cost rounds, not a later path's first round.
@@ -410,20 +411,22 @@ def _llm_kwargs(p: dict) -> dict:
 
 class _CheckKeeper:
     """Collects the first ``check_seqs`` sequences' hidden states from a held pass and
-    writes the check file (the held results are alive anyway: no copy)."""
+    writes the check file once (the held results are alive anyway: no copy). Later calls
+    of the pass are ignored: the file holds sequences 0..N-1, whatever the batch size, so
+    that check files of different calls compare the same sequences."""
 
     def __init__(self, p: dict, ex, res: dict) -> None:
         self.p, self.ex, self.res = p, ex, res
-        self.seqs: list[list] = []
+        self.seqs: list[list] | None = []
 
     def __call__(self, batch, out) -> None:
-        if len(self.seqs) >= self.p["check_seqs"]:
+        if self.seqs is None:  # written
             return
         self.seqs += self.ex.check_layers(batch, out)[: self.p["check_seqs"] - len(self.seqs)]
         if len(self.seqs) == self.p["check_seqs"]:
             self.res["check_file"] = _save_check(
                 self.p, _check_name(self.p["mode"], self.p.get("tp", 1)), self.seqs)
-            self.seqs = []
+            self.seqs = None
 
 
 def _estimate(res: dict, loop, size: int) -> float:
@@ -937,6 +940,14 @@ def cosine_stats(a, b) -> dict:
             "ref_max_abs": float(y.abs().max())}
 
 
+def _check_grid(keys: set, layers: list[int]) -> int | None:
+    """N where ``keys`` are exactly sequences 0..N-1 times ``layers`` (a whole check
+    file), else ``None``."""
+    n, rem = divmod(len(keys), len(layers))
+    whole = {f"{i}.{k}" for i in range(n) for k in layers}
+    return n if not rem and n and keys == whole else None
+
+
 def compare_files(path_a: str, path_b: str, layers: list[int]) -> dict:
     """Per layer: worst per-token cosine over all sequences of two check files."""
     from safetensors import safe_open
@@ -946,11 +957,17 @@ def compare_files(path_a: str, path_b: str, layers: list[int]) -> dict:
         if ma.get("tokens_sha") != mb.get("tokens_sha") or ma.get("layers") != mb.get("layers"):
             return {"ok": False, "error": f"files from different runs: {ma} vs {mb}"}
         ka, kb = set(fa.keys()), set(fb.keys())
+        common = ka
         if ka != kb:
-            return {"ok": False, "error": f"different tensors: {sorted(ka ^ kb)[:6]}"}
+            # Files of calls with different --check-seqs: both hold sequences 0..N-1 of
+            # the same tokens, so the first of the shorter's count are compared.
+            na, nb = _check_grid(ka, layers), _check_grid(kb, layers)
+            if na is None or nb is None:
+                return {"ok": False, "error": f"different tensors: {sorted(ka ^ kb)[:6]}"}
+            common = ka & kb
         per_layer = {}
         for k in layers:
-            names = sorted((n for n in ka if n.endswith(f".{k}")),
+            names = sorted((n for n in common if n.endswith(f".{k}")),
                            key=lambda n: int(n.split(".")[0]))
             stats = [cosine_stats(fa.get_tensor(n), fb.get_tensor(n)) for n in names]
             bad = [s for s in stats if s.get("min_cosine") is None]
@@ -1031,6 +1048,19 @@ def make_tokens(cfg: dict, vocab: int, max_batch: int, seed: int) -> dict:
     blob = json.dumps(seqs).encode()
     return {"seqs": seqs, "warmup": warm, "sha": hashlib.sha256(blob).hexdigest()[:16],
             "tokens": sum(map(len, seqs))}
+
+
+def child_budget(remaining: float, reserve: float, min_child: float,
+                 later: int) -> float | None:
+    """Seconds for the next child: the time left after the comparison's reserve, less
+    ``min_child`` for each of the ``later`` children, but never under ``min_child``;
+    ``None`` (skip it) when not even that is left. Children run in ``--modes`` order, so
+    a short call runs (a), the baseline every ratio needs, and skips the last paths,
+    rather than keeping time for later paths that cannot be compared without it."""
+    avail = remaining - reserve
+    if avail < min_child:
+        return None
+    return max(min_child, avail - min_child * later)
 
 
 def expand_modes(modes: str, specs: list[tuple[str, str]]) -> list[str]:
@@ -1246,13 +1276,13 @@ class Parent:
         reserve = a.reserve_compare if checks else 0.0
         jobs = child_jobs(modes, a.rounds, a.round_procs)
         for i, (mode, rounds) in enumerate(jobs):
-            # The time left, less what every later child and the comparison need.
-            left = self.remaining() - reserve - a.min_child * (len(jobs) - i - 1)
-            if left < a.min_child:
+            left = child_budget(self.remaining(), reserve, a.min_child, len(jobs) - i - 1)
+            if left is None:
                 self.doc["runs"].append({"mode": mode, "rounds": rounds, "round": rounds[0],
                                          "tp": a.tp, "ok": False,
                                          "error": "not run: deadline"})
-                print(f"skip {mode} rounds {rounds}: {left:.0f}s left", flush=True)
+                print(f"skip {mode} rounds {rounds}: {self.remaining() - reserve:.0f}s left",
+                      flush=True)
                 self.save()
                 continue
             if 0 in rounds:  # this run's check file, never one left by an earlier run

@@ -265,3 +265,64 @@ def test_the_call_limit_lowers_the_deadline_and_never_raises_it():
 def test_the_parser_takes_end_by():
     a = gb.run_parser().parse_args(["--end-by", "1234.5", "--deadline", "400"])
     assert (a.end_by, a.deadline) == (1234.5, 400)
+
+
+def test_check_file_holds_the_first_sequences_of_a_pass(tmp_path):
+    """The check file is written once, from the pass's first calls: with the check set
+    one call long, a later call must not overwrite it (it did: check files of calls at
+    different batch sizes then held different sequences and compared as shape
+    mismatches)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    import torch
+    from safetensors import safe_open
+
+    class Ex:
+        def check_layers(self, batch, out):
+            return [[torch.full((n, 4), float(n))] for n in batch]
+
+    p = {"check_seqs": 2, "layers": [3], "work": str(tmp_path), "tokens_sha": "x",
+         "model": "m", "mode": "b:0.4.0.1"}
+    res: dict = {}
+    keep = gb._CheckKeeper(p, Ex(), res)
+    for batch in ([5, 6], [7, 8], [9, 10]):  # token counts stand in for sequences
+        keep(batch, None)
+    with safe_open(res["check_file"]["path"], "pt") as f:
+        shapes = {k: tuple(f.get_tensor(k).shape) for k in f.keys()}  # noqa: SIM118
+    assert shapes == {"0.3": (5, 4), "1.3": (6, 4)}
+
+
+def test_short_call_runs_the_baseline_and_skips_the_last_paths():
+    """A call too short for every path runs (a) first and skips the last ones: on
+    2026-12-05 a 260 s call kept time for two (b) paths, skipped (a) and gave no ratio."""
+    # 254 s left, 30 s for the comparison, 75 s a child, three children (a, b, b): the
+    # earlier rule gave (a) 254 - 30 - 2 x 75 = 74 s, under 75, and skipped it
+    assert gb.child_budget(254, 30, 75, 2) == 75      # (a) runs
+    assert gb.child_budget(300, 30, 75, 2) == 120     # room for all: later ones kept
+    assert gb.child_budget(100, 30, 75, 0) is None    # the last path no longer fits
+    assert gb.child_budget(105, 30, 75, 1) == 75
+
+
+def test_check_files_of_different_lengths_compare_their_common_sequences(tmp_path):
+    pytest.importorskip("torch")
+    import torch
+    from safetensors.torch import save_file
+
+    meta = {"tokens_sha": "x", "layers": "[3]"}
+
+    def write(name, n, bad=None):
+        t = {f"{i}.3": torch.ones(4 + i, 2) for i in range(n)}
+        if bad is not None:
+            t[f"{bad}.3"] = -t[f"{bad}.3"]
+        save_file(t, str(tmp_path / name), metadata=meta)
+        return str(tmp_path / name)
+
+    res = gb.compare_files(write("a", 3), write("b", 2), [3])
+    assert res["ok"] and res["per_layer"]["3"]["seqs"] == 2
+    # a wrong value among the common sequences still fails
+    assert not gb.compare_files(write("c", 3, bad=1), write("d", 2), [3])["ok"]
+    # a file that is not sequences 0..N-1 is not compared
+    t = {"1.3": torch.ones(5, 2)}
+    save_file(t, str(tmp_path / "e"), metadata=meta)
+    assert "different tensors" in gb.compare_files(write("f", 2), str(tmp_path / "e"),
+                                                   [3])["error"]
