@@ -269,9 +269,8 @@ def test_the_parser_takes_end_by():
 
 def test_check_file_holds_the_first_sequences_of_a_pass(tmp_path):
     """The check file is written once, from the pass's first calls: with the check set
-    one call long, a later call must not overwrite it (it did: check files of calls at
-    different batch sizes then held different sequences and compared as shape
-    mismatches)."""
+    one call long, a later call must not overwrite it, or files of calls at different
+    batch sizes hold different sequences under the same names."""
     pytest.importorskip("torch")
     pytest.importorskip("safetensors")
     import torch
@@ -293,10 +292,10 @@ def test_check_file_holds_the_first_sequences_of_a_pass(tmp_path):
 
 
 def test_short_call_runs_the_baseline_and_skips_the_last_paths():
-    """A call too short for every path runs (a) first and skips the last ones: on
-    2026-12-05 a 260 s call kept time for two (b) paths, skipped (a) and gave no ratio."""
-    # 254 s left, 30 s for the comparison, 75 s a child, three children (a, b, b): the
-    # earlier rule gave (a) 254 - 30 - 2 x 75 = 74 s, under 75, and skipped it
+    """A call too short for every path runs (a) first and skips the last ones: every
+    ratio needs (a), so time kept for later paths must not cost it."""
+    # 254 s left, 30 s for the comparison, 75 s a child, three children (a, b, b): keeping
+    # 2 x 75 s for the later ones would leave (a) 74 s, under 75
     assert gb.child_budget(254, 30, 75, 2) == 75      # (a) runs
     assert gb.child_budget(300, 30, 75, 2) == 120     # room for all: later ones kept
     assert gb.child_budget(100, 30, 75, 0) is None    # the last path no longer fits
