@@ -126,6 +126,10 @@ MIN_COSINE = 0.99
 CHILD_LOG_TAIL = 4000
 #: Seconds a child keeps, after its last pass, to write its result and stop its engine.
 CHILD_EXIT_S = 15
+#: Seconds no child starts with less of (``--min-child``): an engine start plus one pass.
+#: The first engine of a fresh H100, an (a) child, took 98 s (2026-12-05); one given 75 s
+#: was killed during its engine start with nothing recorded (2026-12-06).
+MIN_CHILD_S = 120
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -1520,7 +1524,7 @@ def run_parser() -> argparse.ArgumentParser:
                         "lowers --deadline where it allows less (tools/gpu_bench.sh sets it "
                         "from the device call's start and GPU_CALL_LIMIT_S)")
     p.add_argument("--timeout", type=float, default=420, help="seconds per child")
-    p.add_argument("--min-child", type=float, default=75,
+    p.add_argument("--min-child", type=float, default=MIN_CHILD_S,
                    help="seconds kept for every later child; no child starts with less")
     p.add_argument("--reserve-compare", type=float, default=30,
                    help="seconds kept for the final comparison")

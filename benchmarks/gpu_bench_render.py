@@ -232,10 +232,13 @@ def aggregate(docs: list[dict]) -> dict:
                 failures.append({"mode": mode, "round": s.get("round"), "file": fi,
                                  "error": f"{s.get('loop') or 'pass'}, batch {s.get('batch')}"
                                           f": not run ({s.get('why')})", "skipped": True})
+            # A process that ran no pass (every one skipped for the deadline) peaked at its
+            # engine start only: its peak says nothing about a loop's memory.
             hwm = (r.get("rss_end_kib") or {}).get("vmhwm_kib")
-            proc_peak.setdefault(mode, []).append(hwm / 2**20 if hwm else None)
-            if hwm:
-                file_peak.setdefault((fi, mode), []).append(hwm / 2**20)
+            if r.get("passes"):
+                proc_peak.setdefault(mode, []).append(hwm / 2**20 if hwm else None)
+                if hwm:
+                    file_peak.setdefault((fi, mode), []).append(hwm / 2**20)
             for ps in r.get("passes", []):
                 loop = _pass_loop(r, ps)
                 row = (mode, loop, ps["batch"])

@@ -302,6 +302,35 @@ def test_short_call_runs_the_baseline_and_skips_the_last_paths():
     assert gb.child_budget(105, 30, 75, 1) == 75
 
 
+def test_the_first_child_of_a_short_call_outlasts_a_cold_engine_start():
+    """A call with 320 s left after the checkpoint build and four paths: (a), the first
+    engine of a fresh machine, needs about 98 s; the default ``--min-child`` gives it that
+    rather than an equal share it is killed in (75 s did), and the last path is skipped."""
+    min_child = gb.run_parser().parse_args([]).min_child
+    left = 320
+    for later, path_s in ((3, 98), (2, 70), (1, 70)):  # (a) cold, two warm (b) children
+        assert gb.child_budget(left, 30, min_child, later) >= path_s
+        left -= path_s
+    assert gb.child_budget(left, 30, min_child, 0) is None  # (c): 82 s left
+
+
+def test_a_process_that_ran_no_pass_is_left_out_of_the_memory_comparison():
+    """(c) started its engine and then skipped every pass for the deadline: its process
+    peak is its engine start's, so (b)'s process peak is not judged against it."""
+    doc = {"runs": [
+        {"mode": B, "round": 0, "ok": True, "rss_end_kib": {"vmhwm_kib": 3 * 2**20},
+         "passes": [_pass("offline", 32, 0, 96.0)]},
+        {"mode": "c", "round": 0, "ok": True, "rss_end_kib": {"vmhwm_kib": 2**20},
+         "passes": [], "skipped": [{"round": 0, "batch": 32, "loop": "offline",
+                                    "why": "deadline: 0s left"}]}]}
+    agg = gr.aggregate([doc])
+    assert not agg["proc_peak_ratio"].get(B)
+    assert set(agg["proc_peak_gib"]) == {B}
+    md = gr.render_markdown([doc])
+    assert "files without per-pass peaks" not in md
+    assert "offline, batch 32: not run (deadline: 0s left)" in md
+
+
 def test_check_files_of_different_lengths_compare_their_common_sequences(tmp_path):
     pytest.importorskip("torch")
     import torch
