@@ -104,6 +104,16 @@ EXPECTED: dict[str, tuple[Callable[[Env], Status | None], str]] = {
     "cpu_block_size": (
         _cpu_block_size,
         "CPU attention kernels accept MultipleOf(32) only (0.29+); 16 worked before"),
+    "attention_block_size": (
+        # upstream: CacheConfig.user_specified_block_size appeared in 0.18.0 (absent in
+        # 0.17.0's vllm/config/cache.py, present in 0.18-0.34).
+        lambda e: _status(e.vllm >= V("0.18.0.dev0")),
+        "an explicit block_size binds every attention backend from 0.18 (sparse MLA: 64)"),
+    "kv_cache_groups_hybrid": (
+        # get_kv_cache_groups(vllm_config, kv_cache_spec) and is_kv_cache_spec_uniform exist
+        # in every release the shim supports (0.11-0.34; kv_cache_planning from 0.33).
+        lambda e: APPLIED,
+        "speculators builds one KV cache group; hybrid models need vLLM's grouping"),
     "kv_cache_specs_kwarg": (
         lambda e: _status(e.vllm >= V("0.12.0.dev0") and e.speculators_03),
         "get_kv_cache_config_from_groups lost kv_cache_specs= in 0.12 (0.4 does not pass it)"),

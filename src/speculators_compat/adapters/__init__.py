@@ -9,6 +9,7 @@ adapter comes after those it ``requires`` (the activation checks it).
 from __future__ import annotations
 
 from .._adapter import Adapter
+from .attention_block_size import AttentionBlockSize
 from .block_hasher_unused import BlockHasherUnused
 from .collective_rpc_unique_reply import CollectiveRpcUniqueReply
 from .cpu_block_size import CPUBlockSize
@@ -19,6 +20,7 @@ from .generate_guard import GenerateGuard
 from .hook_capture import HookCapture
 from .kv_cache_config_fields import KVCacheConfigFields
 from .kv_cache_extensible_off import KVCacheExtensibleOff
+from .kv_cache_groups_hybrid import KVCacheGroupsHybrid
 from .kv_cache_helpers_relocated import KVCacheHelpersRelocated
 from .kv_cache_layout_resolution import KVCacheLayoutResolution
 from .kv_cache_specs_kwarg import KVCacheSpecsKwarg
@@ -58,7 +60,9 @@ ADAPTERS: list[Adapter] = [
     PrefixCachingOff(),
     KVCacheExtensibleOff(),
     CPUBlockSize(),
+    AttentionBlockSize(),
     KVCacheSpecsKwarg(),
+    KVCacheGroupsHybrid(),
     KVCacheConfigFields(),
     NoGpuKVSizing(),
     SchedulerBlockSize(),

@@ -1,0 +1,79 @@
+"""Contract of the ``kv_cache_groups_hybrid`` adapter,
+on the installed vLLM and speculators.
+
+A spec whose layers cannot share one KV cache spec (here: full attention beside sliding
+window of another head size, as in Gemma 4) fails speculators' one-group path bare and
+gets vLLM's own groups through the adapter; a spec speculators' path handles is grouped
+exactly as before. The checks every adapter shares run in
+tests/contract/test_every_adapter.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from types import SimpleNamespace
+
+from ..support import BY_NAME, build_vllm_config, one, resolve_layout_like_engine_core
+
+NAME = "kv_cache_groups_hybrid"
+
+
+def test_legacy_call_shape(base, vllm_config):
+    legacy_call_shape(base, base.gen, vllm_config, BY_NAME[NAME])
+
+
+def _specs(cfg):
+    """Two full-attention layers (head 64) and two sliding-window layers (head 128)."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    bs = cfg.cache_config.block_size
+    full = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
+    sliding = SlidingWindowSpec(block_size=bs, num_kv_heads=1, head_size=128,
+                                dtype=torch.bfloat16, sliding_window=64)
+    return {"model.layers.0.attn": sliding, "model.layers.1.attn": full,
+            "model.layers.2.attn": sliding, "model.layers.3.attn": full}
+
+
+def _uniform(cfg):
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    spec = FullAttentionSpec(block_size=cfg.cache_config.block_size, num_kv_heads=1,
+                             head_size=64, dtype=torch.bfloat16)
+    return {f"model.layers.{i}.attn": spec for i in range(3)}
+
+
+def _speculators_path(gen, spec):
+    gen.unify_hybrid_kv_cache_specs(spec)
+    return gen._get_kv_cache_groups_uniform_spec(spec)
+
+
+def legacy_call_shape(base, gen, cfg, adapter):
+    cfg = build_vllm_config()  # a config of its own: the layout is resolved on it
+    resolve_layout_like_engine_core(
+        cfg, [SimpleNamespace(kv_cache_spec=s) for s in _specs(cfg).values()])
+    bare_uniform = _speculators_path(gen, _uniform(cfg))
+    with pytest.raises((AssertionError, ValueError, NotImplementedError)):
+        _speculators_path(gen, _specs(cfg))  # one group of one spec cannot be formed
+    remember = gen.VllmHiddenStatesGenerator._create_vllm_config
+    with one(base, adapter) as applied:
+        assert applied
+        # speculators' method hands its config to the grouping (the body is speculators')
+        assert gen.VllmHiddenStatesGenerator._create_vllm_config is not remember
+        from speculators_compat.adapters import kv_cache_groups_hybrid as mod
+
+        token = mod._config.set(cfg)
+        try:
+            groups = _speculators_path(gen, _specs(cfg))
+            uniform = _speculators_path(gen, _uniform(cfg))
+        finally:
+            mod._config.reset(token)
+    assert len(groups) >= 2, groups  # vLLM's grouping: one group per kind at least
+    names = sorted(n for g in groups for n in g.layer_names)
+    assert names == sorted(_specs(cfg))  # every layer in exactly one group
+    kinds = {type(g.kv_cache_spec).__name__ for g in groups}
+    assert "SlidingWindowSpec" in kinds, kinds
+    assert [g.layer_names for g in uniform] == [g.layer_names for g in bare_uniform]
+    assert [g.kv_cache_spec for g in uniform] == [g.kv_cache_spec for g in bare_uniform]
