@@ -89,7 +89,8 @@ class KVCacheGroupsHybrid(GeneratorAdapter):
         missing = [n for n in ("unify_hybrid_kv_cache_specs", "_get_kv_cache_groups_uniform_spec")
                    if not hasattr(gen, n)]
         if missing or not hasattr(gen.VllmHiddenStatesGenerator, "_create_vllm_config"):
-            return Verdict.mismatch(f"speculators' generator lacks {missing or '_create_vllm_config'}")
+            lacks = missing or "_create_vllm_config"
+            return Verdict.mismatch(f"speculators' generator lacks {lacks}")
         return Verdict.needed("models whose layers cannot share one KV spec get vLLM's "
                               "grouping; the others keep speculators' one group")
 

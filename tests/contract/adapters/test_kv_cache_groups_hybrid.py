@@ -10,9 +10,9 @@ tests/contract/test_every_adapter.py.
 
 from __future__ import annotations
 
-import pytest
-
 from types import SimpleNamespace
+
+import pytest
 
 from ..support import BY_NAME, build_vllm_config, one, resolve_layout_like_engine_core
 
