@@ -18,6 +18,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import shutil
 import tempfile
 from typing import Any
@@ -140,6 +141,293 @@ _RECIPES: dict[str, dict[str, Any]] = {
         "mlp_only_layers": [],
         "norm_topk_prob": True,
     },
+    # Gemma 4 dense (google/gemma-4-31B's text config, shrunk): five sliding-window layers then one
+    # full-attention layer (the published 5:1 pattern; transformers forces the last layer full),
+    # and the full layers with twice the head dim (published 256 / 512, here 64 / 128: vLLM's
+    # attention backends support both) and fewer KV heads that share K as V
+    # (``attention_k_eq_v``, ``num_global_key_value_heads``).  The two head sizes put the layers in
+    # two KV-cache groups in vLLM.  transformers 5.17+ turns ``global_head_dim`` /
+    # ``num_global_key_value_heads`` into ``per_layer_config`` (saved in config.json), which is what
+    # vLLM 0.34's Gemma 4 reads.  The 64-token window is shorter than the 70+ token sequences of
+    # the comparisons, so the window is exercised.  Published RoPE (default theta 1e4 on sliding
+    # layers, "proportional" with partial_rotary_factor 0.25 and theta 1e6 on full ones) and final
+    # logit soft-capping 30 are the config defaults/values; no per-layer inputs (PLE) and no shared
+    # KV layers, as in the 31B model.
+    "gemma4": {
+        "model_type": "gemma4_text",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "global_head_dim": 128,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+        "sliding_window": 64,
+        "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": VOCAB_SIZE,
+        "num_kv_shared_layers": 0,
+        "final_logit_softcapping": 30.0,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_act": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+    },
+    # Qwen3-Next (Qwen/Qwen3-Next-80B-A3B's layout, shrunk): three gated-delta-net linear-attention
+    # layers then one gated full-attention layer (``full_attention_interval`` 4, spelled out as
+    # ``layer_types``), every layer MoE with a gated shared expert.  Linear-attention head dims stay
+    # at the published 128 (vLLM's FLA gated-delta-rule kernels), with twice as many value heads
+    # as key heads as published (16 / 32, here 2 / 4); the full-attention head dim is 128 instead
+    # of 256, RoPE on a quarter of it (partial_rotary_factor 0.25, the published value).  All 8
+    # experts are selected for the same reason as DeepSeek-V3.
+    "qwen3_next": {
+        "model_type": "qwen3_next",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "partial_rotary_factor": 0.25,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
+        "num_experts": 8,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+    },
+    # Qwen3.5 dense text model (Qwen/Qwen3.5-27B's text_config, shrunk): the Qwen3-Next attention
+    # mix (3 gated-delta-net layers, then 1 gated full-attention layer) with a dense MLP.
+    # ``mamba_ssm_dtype`` float32 is copied from the published config: vLLM 0.34 takes its
+    # recurrent-state cache dtype from it (transformers keeps that state in float32 too).
+    "qwen3_5": {
+        "model_type": "qwen3_5_text",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "partial_rotary_factor": 0.25,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "mamba_ssm_dtype": "float32",
+    },
+    # Qwen3.5 MoE text model (Qwen/Qwen3.5-35B-A3B's text_config, shrunk): as ``qwen3_5`` with
+    # every layer MoE plus a gated shared expert; all 8 experts selected (see DeepSeek-V3).
+    "qwen3_5_moe": {
+        "model_type": "qwen3_5_moe_text",
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "partial_rotary_factor": 0.25,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
+        "num_experts": 8,
+        "num_experts_per_tok": 8,
+        "mamba_ssm_dtype": "float32",
+    },
+    # DeepSeek-V3.2 (deepseek-ai/DeepSeek-V3.2's config, shrunk): the ``deepseek_v3`` recipe's MLA
+    # and MoE plus the DSA lightning indexer with the published indexer shape (64 heads of 128:
+    # vLLM's FP8 indexer kernels are built for it).  ``index_topk`` 2048 (published) is at least
+    # every sequence length the comparisons use (``max_position_embeddings`` is 2048), so the
+    # sparse attention keeps every causal token and equals dense MLA: transformers' forward stays
+    # a valid oracle whatever the indexer scores.
+    "deepseek_v32": {
+        "model_type": "deepseek_v32",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 64,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "index_n_heads": 64,
+        "index_head_dim": 128,
+        "index_topk": 2048,
+    },
+    # GLM-5 (``glm_moe_dsa``, zai-org's GLM-5.x configs, shrunk): DSA like DeepSeek-V3.2, which
+    # vLLM 0.34 serves with the same model class, but GLM's MLA head dims (qk_nope 192, v 256;
+    # latent 512 + rope 64 as in DeepSeek, which vLLM's sparse MLA kernels need), a 32-head
+    # indexer with interleaved RoPE (``indexer_rope_interleave``: transformers' GLM indexer always
+    # interleaves, vLLM's only when told), and indexer sharing with the published schedule
+    # (``index_topk_freq`` 4, ``index_skip_topk_offset`` 3), which on 4 layers makes the last one
+    # reuse layer 2's top-k (transformers saves it as ``indexer_types``).  ``index_topk`` 2048
+    # selects every token, as for ``deepseek_v32``.  transformers' GLM router is sigmoid with a
+    # correction bias, which vLLM only builds with ``topk_method`` noaux_tc and ``scoring_func``
+    # sigmoid; vLLM routes GLM in float32 (``moe_router_dtype``, copied from the published config).
+    "glm_moe_dsa": {
+        "model_type": "glm_moe_dsa",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "first_k_dense_replace": 1,
+        "q_lora_rank": 64,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 192,
+        "v_head_dim": 256,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "moe_router_dtype": "float32",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "index_n_heads": 32,
+        "index_head_dim": 128,
+        "index_topk": 2048,
+        "index_topk_freq": 4,
+        "index_skip_topk_offset": 3,
+        "indexer_rope_interleave": True,
+        "rms_norm_eps": 1e-5,
+    },
+    # Kimi-Linear (moonshotai/Kimi-Linear-48B-A3B's config, shrunk): three KDA (Kimi delta
+    # attention) layers then one MLA layer, the published 3:1 mix, given as the published
+    # ``linear_attn_config`` (1-based ``kda_layers`` / ``full_attn_layers``), which vLLM 0.34's own
+    # KimiLinearConfig requires and transformers reads into ``layer_types``.  KDA head dim 128 (the
+    # published value, which vLLM's fused KDA kernels want); MLA without RoPE (``mla_use_nope``,
+    # vLLM asserts it; transformers' Kimi MLA never rotates) and without a query LoRA, with
+    # DeepSeek's latent dims.  Layer 0 dense, the rest MoE with a shared expert, sigmoid routing
+    # with a correction bias (vLLM's defaults for ``moe_router_activation_func`` / ``topk_method``);
+    # all 8 experts selected as for DeepSeek-V3.  transformers saves the config keys in the
+    # published spelling (``num_experts``, ``num_experts_per_token``, ...), and the weights too,
+    # except that it also names the dense layer's MLP ``block_sparse_moe``: see
+    # :data:`_TENSOR_RENAMES`.
+    "kimi_linear": {
+        "model_type": "kimi_linear",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "linear_attn_config": {
+            "head_dim": 128,
+            "num_heads": 2,
+            "short_conv_kernel_size": 4,
+            "kda_layers": [1, 2, 3],
+            "full_attn_layers": [4],
+        },
+        "q_lora_rank": None,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "mla_use_nope": True,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "num_experts": 8,
+        "num_experts_per_token": 8,
+        "num_shared_experts": 1,
+        "moe_renormalize": True,
+        "moe_router_activation_func": "sigmoid",
+        "use_grouped_topk": True,
+        "num_expert_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+        "rms_norm_eps": 1e-5,
+    },
+    # Nemotron-H MoE hybrid (nvidia's Nemotron-3-Nano-30B-A3B config, shrunk): one block per layer,
+    # "MEM*E" = Mamba-2, MoE, Mamba-2, attention, MoE, the start of the published pattern
+    # ("MEMEM*E...") cut to show each block type once at least.  Mamba-2 with the published head
+    # dim 64, state 128, conv 4, expand 2, chunk 128 (vLLM's Mamba-2 kernels) and 8 heads in 2
+    # groups; attention head dim 128 (published); non-gated relu2 experts with a shared expert and
+    # sigmoid routing with a correction bias, all 8 selected as for DeepSeek-V3.  transformers
+    # stores the pattern as ``layers_block_type`` and derives ``num_hidden_layers`` from it, so
+    # config.json gets ``num_hidden_layers`` and ``hybrid_override_pattern`` added back (published
+    # configs carry both): see :func:`_add_config_keys`.
+    "nemotron_h": {
+        "model_type": "nemotron_h",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "hybrid_override_pattern": "MEM*E",
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 64,
+        "n_groups": 2,
+        "ssm_state_size": 128,
+        "conv_kernel": 4,
+        "expand": 2,
+        "chunk_size": 128,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 8,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 128,
+        "moe_shared_expert_intermediate_size": 256,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "mlp_hidden_act": "relu2",
+        "layer_norm_epsilon": 1e-5,
+    },
+}
+
+#: Regex renames applied to the saved tensor names, per kind.  transformers 5.19 saves Kimi-Linear
+#: with the published names by reversing its load-time renames, and so also turns the dense
+#: layers' ``mlp.*`` into ``block_sparse_moe.*``.  vLLM looks for the dense MLP under ``mlp`` (as in
+#: the published checkpoint) and fails on the other name; transformers loads both.
+_TENSOR_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "kimi_linear": (
+        (
+            r"^(model\.layers\.\d+)\.block_sparse_moe\.((?:gate|up|down)_proj\.weight)$",
+            r"\1.mlp.\2",
+        ),
+    ),
+}
+
+#: config.json keys removed after saving, per kind.  transformers 5.19 saves DSA models'
+#: ``layer_types`` as "indexed_attention", a value that transformers 5.17 rejects when it loads the
+#: config (5.17 says "deepseek_sparse_attention"), and vLLM 0.34 loads ``deepseek_v32`` configs
+#: with transformers' DeepseekV3Config, which validates it too.  Every layer of these models has the
+#: same attention, and each version derives the list itself when it is absent (as in the published
+#: configs).
+_CONFIG_JSON_DROP: dict[str, tuple[str, ...]] = {
+    "deepseek_v32": ("layer_types",),
+    "glm_moe_dsa": ("layer_types",),
 }
 
 #: Checkpoint kinds that :func:`build_checkpoint` knows.
@@ -281,6 +569,68 @@ def _ensure_routing_bias(out: pathlib.Path, config: transformers.PretrainedConfi
     save_file(tensors, str(files[0]), metadata={"format": "pt"})
 
 
+def _drop_config_keys(out: pathlib.Path, kind: str) -> None:
+    """Remove the keys :data:`_CONFIG_JSON_DROP` lists for ``kind`` from ``out/config.json``."""
+    drop = _CONFIG_JSON_DROP.get(kind, ())
+    if not drop:
+        return
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for key in drop:
+        cfg.pop(key, None)
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _add_config_keys(out: pathlib.Path, config: transformers.PretrainedConfig) -> None:
+    """Write ``num_hidden_layers`` and ``max_position_embeddings`` (and Nemotron-H's
+    ``hybrid_override_pattern``) into config.json where transformers derives or renames them
+    instead of saving them: Nemotron-H derives the layer count from ``layers_block_type``,
+    Kimi-Linear saves ``max_position_embeddings`` as ``model_max_length`` (vLLM's own
+    KimiLinearConfig then defaults it to 4096).  Tools that read config.json see the real values;
+    transformers and vLLM load either spelling."""
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    extra = {
+        "num_hidden_layers": config.num_hidden_layers,
+        "max_position_embeddings": config.max_position_embeddings,
+    }
+    if cfg.get("model_type") == "nemotron_h":
+        extra["hybrid_override_pattern"] = config.hybrid_override_pattern
+    missing = {k: v for k, v in extra.items() if k not in cfg}
+    if missing:
+        cfg.update(missing)
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _rename_tensors(out: pathlib.Path, kind: str) -> None:
+    """Apply :data:`_TENSOR_RENAMES` for ``kind`` to the safetensors files in ``out``."""
+    rules = [(re.compile(pat), repl) for pat, repl in _TENSOR_RENAMES.get(kind, ())]
+    if not rules:
+        return
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    def renamed(name: str) -> str:
+        for pat, repl in rules:
+            name = pat.sub(repl, name)
+        return name
+
+    files = sorted(out.glob("*.safetensors"))
+    for f in files:
+        with safe_open(str(f), "pt") as fh:
+            names = list(fh.keys())
+            metadata = fh.metadata()
+        if all(renamed(n) == n for n in names):
+            continue
+        tensors = load_file(str(f))
+        save_file({renamed(n): t for n, t in tensors.items()}, str(f), metadata=metadata)
+    index_path = out / "model.safetensors.index.json"
+    if index_path.is_file():
+        index = json.loads(index_path.read_text())
+        index["weight_map"] = {renamed(n): f for n, f in index["weight_map"].items()}
+        index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
 def _make_tokenizer_config_portable(out: pathlib.Path) -> None:
     """Let a tokenizer saved by transformers 5 also load in transformers 4.x.
 
@@ -319,6 +669,9 @@ def _write_checkpoint(
     model = model.to(torch.bfloat16).eval()
     model.save_pretrained(str(out), safe_serialization=True)
     _ensure_routing_bias(out, model.config)
+    _drop_config_keys(out, kind)
+    _add_config_keys(out, config)
+    _rename_tensors(out, kind)
 
     tokenizer = build_tokenizer(config.vocab_size)
     tokenizer.save_pretrained(str(out))
@@ -336,7 +689,15 @@ def build_checkpoint(
 ) -> pathlib.Path:
     """Build (or reuse) a tiny random checkpoint of ``kind`` in directory ``path``; return the path.
 
-    ``kind`` is one of :data:`KINDS` (``"llama"``, ``"deepseek_v3"``, ``"qwen3"``, ``"qwen3_moe"``).
+    ``kind`` is one of :data:`KINDS`: ``"llama"``, ``"deepseek_v3"``, ``"qwen3"``, ``"qwen3_moe"``
+    (layouts the CPU builds of vLLM 0.16 and 0.32 run), and the hybrid-attention families that
+    vLLM 0.34 serves on GPU: ``"gemma4"`` (sliding + full attention with two head dims),
+    ``"qwen3_next"``, ``"qwen3_5"`` and ``"qwen3_5_moe"`` (gated delta net + full attention),
+    ``"deepseek_v32"`` and ``"glm_moe_dsa"`` (MLA with the DSA indexer; ``index_topk`` 2048 keeps
+    every token of shorter sequences, so transformers' dense result is the reference),
+    ``"kimi_linear"`` (KDA + MLA) and ``"nemotron_h"`` (Mamba-2 + attention + MoE blocks).  The
+    comments above each recipe in :data:`_RECIPES` say which published config it shrinks and
+    which vLLM kernel constraints fix its sizes.
     ``config_overrides`` are merged over the recipe before the model is created (so e.g.
     ``num_hidden_layers=2`` changes the weights too; ``llama_4_scaling={...}`` just lands in
     config.json).  They must be JSON-serialisable because they are recorded in the stamp.
@@ -403,7 +764,12 @@ def build_word_tokenizer(
 
 def _init_fast(model: torch.nn.Module, std: float, seed: int, device: str) -> None:
     """Random weights in place: normal(0, std) for matrices, ones for norm weights, zeros for
-    every other vector (biases, DeepSeek's routing bias)."""
+    every other vector (biases, DeepSeek's routing bias).
+
+    Persistent floating-point buffers (saved with the weights, left uninitialised by
+    ``to_empty``) become zeros, except Gemma 4's per-layer output scale ``layer_scalar`` (ones):
+    DeepSeek-style routing biases are buffers in transformers 5.
+    """
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -413,6 +779,10 @@ def _init_fast(model: torch.nn.Module, std: float, seed: int, device: str) -> No
                 param.fill_(1.0)
             else:
                 param.zero_()
+        saved = set(model.state_dict())
+        for name, buf in model.named_buffers():
+            if name in saved and buf.is_floating_point():
+                buf.fill_(1.0 if name.endswith("layer_scalar") else 0.0)
 
 
 def _write_fast_checkpoint(
@@ -424,11 +794,16 @@ def _write_fast_checkpoint(
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model = model.to_empty(device=device)
+    # to_empty gives tied parameters separate storage; tie them again (no-op when untied).
+    model.tie_weights()
     _init_fast(model, float(config.initializer_range), seed, device)
     # 5 GB shards, as published 8B checkpoints have (bounded host memory while saving).
     model.eval().save_pretrained(str(out), safe_serialization=True, max_shard_size="5GB")
     del model
     _ensure_routing_bias(out, config)
+    _drop_config_keys(out, kind)
+    _add_config_keys(out, config)
+    _rename_tensors(out, kind)
     tokenizer = build_word_tokenizer(config.vocab_size, config.max_position_embeddings)
     tokenizer.save_pretrained(str(out))
     _make_tokenizer_config_portable(out)
@@ -461,7 +836,7 @@ def build_fast_checkpoint(
     random generator), which the stamp records too.
     """
     _check_kind(kind, config_overrides)
-    key = {**_stamp_key(kind, int(seed), config_overrides), "init": "fast-bf16-v1",
+    key = {**_stamp_key(kind, int(seed), config_overrides), "init": "fast-bf16-v2",
            "device_type": torch.device(device).type}
 
     def write(tmp: pathlib.Path) -> tuple[Any, dict[str, Any]]:
