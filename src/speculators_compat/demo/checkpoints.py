@@ -654,6 +654,23 @@ def _make_tokenizer_config_portable(out: pathlib.Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
+def _temper_qk_norms(model: torch.nn.Module) -> None:
+    """Scale query/key norm weights by ``head_dim ** -0.25`` in models without a
+    ``1/sqrt(head_dim)`` attention scale (Gemma 4: scaling 1.0, q/k RMSNorm with weights of
+    one at init).  Untrained, their logits have a standard deviation of ``sqrt(head_dim)``, the
+    softmax is nearly one-hot, and bf16 rounding alone moves the hidden states: transformers'
+    own bf16 forward of such a checkpoint reached cosine 0.73 against its float32 forward
+    (layer 5, 2026-12-06), so no comparison with vLLM could pass.  Scaled, the logits are as a
+    1/sqrt(d)-scaled model's (bf16 vs float32: 0.9998), as trained Gemma 4 norms make them.
+    """
+    if getattr(model.config, "model_type", None) not in ("gemma4", "gemma4_text"):
+        return
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.mul_(param.shape[0] ** -0.25)
+
+
 def _write_checkpoint(
     kind: str, out: pathlib.Path, seed: int, overrides: dict[str, Any]
 ) -> list[str]:
@@ -665,6 +682,7 @@ def _write_checkpoint(
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _zero_routing_bias(model)
+    _temper_qk_norms(model)
     # save_pretrained records the parameters' dtype in config.json ("dtype": "bfloat16").
     model = model.to(torch.bfloat16).eval()
     model.save_pretrained(str(out), safe_serialization=True)

@@ -1,0 +1,161 @@
+"""GPU run: speculators' unchanged generator on tiny checkpoints of many model families.
+
+For each (family, speculators release) a fresh ``generate.py`` process builds
+``VllmHiddenStatesGenerator`` through the shim and compares every captured layer with a
+transformers forward of the same checkpoint (``output_hidden_states[k + 1]``); batches
+must come back whole and in input order, and the known-wrong results must fail the same
+comparison. Runs share the one GPU (``--parallel`` at a time, ``--gpu-mem`` each).
+
+For each family the *floor* is recorded too: transformers' own bf16 forward against its
+float32 forward, per layer. A random checkpoint whose bf16 forward already moves far from
+float32 cannot be compared at the default tolerance; the floor says so instead of blaming
+vLLM or the shim.
+
+Usage (device: ``bash tools/gpu_families.sh [PARTS...] -- ARGS``; CPU: the env's python)::
+
+    gpu_families.py --ckpts DIR --out DIR --spec 0.4.0.1=PATH [--spec 0.3.0=PATH]
+        [--families gemma4,qwen3_next,...] [--parallel 6] [--gpu-mem 0.1]
+
+``DIR/<family>`` are checkpoints from ``speculators_compat.demo.checkpoints``; the layers
+and batches per family are in :data:`PLAN`. Writes ``families.json`` (rewritten after every
+run) and one log per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+
+#: family -> (layers, extra generate.py arguments). Layers cover both attention kinds of
+#: each family (linear / sliding / full / sparse); sequences of 70-200 tokens cross the
+#: 64-token windows and, for 0.4.x, a 256-token step budget splits prompts over steps.
+PLAN: dict[str, tuple[str, list[str]]] = {
+    "llama": ("0,2,5", []),
+    "gemma4": ("0,4,5", []),
+    "qwen3_next": ("0,2,3", []),
+    "qwen3_5": ("0,2,3", []),
+    "qwen3_5_moe": ("0,2,3", []),
+    "deepseek_v32": ("0,1,3", []),
+    "glm_moe_dsa": ("0,1,3", []),
+    "kimi_linear": ("0,2,3", []),
+    "nemotron_h": ("0,3,4", []),
+}
+
+
+def floor(model: str, layers: list[int], device: str) -> dict:
+    """transformers bf16 vs float32 on the sequences ``generate.py`` uses (batch 1, 11)."""
+    import torch
+
+    from speculators_compat.demo.reference import compare, reference_hidden_states
+    from speculators_compat.demo.runner import make_sequences
+
+    seqs = make_sequences(11, seed=1, min_len=70, max_len=200)
+    kw = {"device": device} if device else {}
+    bf16 = reference_hidden_states(model, seqs, layers, dtype=torch.bfloat16, **kw)
+    fp32 = reference_hidden_states(model, seqs, layers, dtype=torch.float32, **kw)
+    c = compare([[h.float() for h in s] for s in bf16], fp32)
+    return {"min_cosine": c["min_cosine"], "per_layer": c["per_layer"]}
+
+
+def run_one(family: str, release: str, spec_path: str, a) -> dict:
+    layers, extra = PLAN[family]
+    out = Path(a.out) / f"{family}-{release}.json"
+    log = Path(a.out) / f"{family}-{release}.log"
+    cmd = [sys.executable, str(HERE / "generate.py"), "--out", str(out),
+           "--model", str(Path(a.ckpts) / family), "--layers", layers, "--batches", "1,11",
+           "--min-len", "70", "--max-len", "200", "--gpu-mem", str(a.gpu_mem), *extra]
+    if release.startswith("0.4") and a.step_tokens:
+        cmd += ["--max-num-batched-tokens", str(a.step_tokens)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), spec_path,
+                                                    env.get("PYTHONPATH")) if p)
+    env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    t0 = time.time()
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.call(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                 timeout=a.run_timeout)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    result = {"family": family, "release": release, "rc": rc,
+              "seconds": round(time.time() - t0, 1), "layers": layers}
+    try:
+        r = json.loads(out.read_text())
+    except (OSError, ValueError):
+        result["error"] = log.read_text()[-3000:]
+        return result
+    result["ok"] = bool(r.get("ok"))
+    result["failed_step"] = r.get("failed_step")
+    if r.get("error"):
+        result["error"] = str(r["error"])[-3000:]
+    result["batches"] = [{"size": b.get("size"), "returned": b.get("returned"),
+                          "input_order": b.get("input_order"),
+                          "ok": (b.get("compare") or {}).get("ok"),
+                          "per_layer_min_cosine": [round(x["min_cosine"], 6) for x in
+                                                   (b.get("compare") or {}).get("per_layer", [])]}
+                         for b in r.get("batches", [])]
+    result["known_wrong"] = r.get("known_wrong")
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ckpts", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--spec", action="append", default=[], help="RELEASE=PATH")
+    p.add_argument("--families", default=",".join(PLAN))
+    p.add_argument("--parallel", type=int, default=6)
+    p.add_argument("--gpu-mem", type=float, default=0.1)
+    p.add_argument("--step-tokens", type=int, default=256)
+    p.add_argument("--run-timeout", type=int, default=420)
+    p.add_argument("--floor-device", default="cuda")
+    p.add_argument("--no-floor", action="store_true")
+    a = p.parse_args()
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    specs = dict(s.split("=", 1) for s in a.spec)
+    families = [f for f in a.families.split(",") if f and (Path(a.ckpts) / f).is_dir()]
+    report: dict = {"families": families, "runs": [], "floors": {}, "started": time.time()}
+    path = Path(a.out) / "families.json"
+
+    def save() -> None:
+        path.write_text(json.dumps(report, indent=1))
+
+    jobs = [(f, r, sp) for r, sp in specs.items() for f in families]
+    with ThreadPoolExecutor(max_workers=a.parallel) as pool:
+        futures = [pool.submit(run_one, f, r, sp, a) for f, r, sp in jobs]
+        for fut in futures:
+            try:
+                report["runs"].append(fut.result())
+            except Exception as exc:  # noqa: BLE001 - one run's failure is a result
+                report["runs"].append({"error": f"{type(exc).__name__}: {exc}"})
+            save()
+    if not a.no_floor:
+        for f in families:
+            try:
+                layers = [int(x) for x in PLAN[f][0].split(",")]
+                report["floors"][f] = floor(str(Path(a.ckpts) / f), layers, a.floor_device)
+            except Exception as exc:  # noqa: BLE001
+                report["floors"][f] = {"error": f"{type(exc).__name__}: {exc}"[-1500:]}
+            save()
+    report["seconds"] = round(time.time() - report.pop("started"), 1)
+    save()
+    for r in report["runs"]:
+        print(r.get("family"), r.get("release"), "ok" if r.get("ok") else "FAIL",
+              r.get("failed_step") or "", [b.get("per_layer_min_cosine") for b in
+                                           r.get("batches", [])], r.get("seconds"))
+    for f, fl in report["floors"].items():
+        print("floor", f, fl.get("min_cosine"), fl.get("error", ""))
+    return 0 if all(r.get("ok") for r in report["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
