@@ -1,5 +1,5 @@
-"""Command line: ``speculators-compat doctor | run | demo | check-draft`` (also
-``python -m speculators_compat``).
+"""Command line: ``speculators-compat doctor | run | demo | check-draft | check-data``
+(also ``python -m speculators_compat``).
 
 * ``doctor [--json]``: versions, whether the support matrix proved this vLLM release
   (and at which level; else the newest proven one), plugin registration, and each
@@ -15,6 +15,10 @@
 * ``check-draft DRAFT_DIR [--data DIR] [--target MODEL_DIR|N] [--json]``: which target
   layers vLLM will feed a saved EAGLE-3 draft, and whether they are the ones its training
   data holds (exit 1 when not, or when that cannot be confirmed).
+* ``check-data DIR [--model DIR [--sample K]] [--jobs N] [--json]``: every ``data_<i>.pt``
+  of speculators 0.3/0.4's offline script loads, is there exactly once and agrees with the
+  directory's metadata (exit 1 otherwise, with commands that regenerate the bad indices);
+  ``--model`` regenerates K of them and compares the layers.
 """
 
 from __future__ import annotations
@@ -202,6 +206,31 @@ def cmd_check_draft(args: argparse.Namespace) -> int:
     return int(result["exit"])
 
 
+def cmd_check_data(args: argparse.Namespace) -> int:
+    from ._check_data import BAD, ERROR, check, lines, model_check
+
+    result = check(args.dir, args.jobs)
+    if args.model and result["exit"] != ERROR:
+        mc = model_check(args.dir, args.model, result, sample=args.sample,
+                         min_cosine=args.min_cosine,
+                         tensor_parallel_size=args.tensor_parallel_size)
+        result["model_check"] = mc
+        if not mc["ok"]:
+            result["status"], result["exit"] = "bad", BAD
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print("\n".join(lines(result)))
+    return int(result["exit"])
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="speculators-compat", description=__doc__.split(
         "\n")[0])
@@ -233,6 +262,22 @@ def main(argv: list[str] | None = None) -> int:
                         "the verifier named in the draft's config)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_check_draft)
+    k = sub.add_parser("check-data", help="verify an output directory of speculators' "
+                                          "offline data generation before training")
+    k.add_argument("dir", help="the folder of data_<i>.pt files")
+    k.add_argument("--jobs", type=_positive, default=None,
+                   help="processes that load files (default: the CPU count)")
+    k.add_argument("--model", default=None,
+                   help="also regenerate --sample files from this model with speculators' "
+                        "generator (needs vLLM) and compare every layer")
+    k.add_argument("--sample", type=_positive, default=4,
+                   help="files --model regenerates (default 4)")
+    k.add_argument("--min-cosine", type=float, default=0.99,
+                   help="per-token cosine --model requires in every layer (default 0.99)")
+    k.add_argument("--tensor-parallel-size", type=_positive, default=None,
+                   help="for --model (default 1)")
+    k.add_argument("--json", action="store_true")
+    k.set_defaults(func=cmd_check_data)
     args = parser.parse_args(argv)
     return args.func(args)
 
