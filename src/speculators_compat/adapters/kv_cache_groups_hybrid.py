@@ -20,7 +20,11 @@ grouping, as the engine core does (``get_global_kv_cache_groups`` where it exist
 speculators' call does not pass: ``VllmHiddenStatesGenerator._create_vllm_config`` is
 wrapped to hand its result on (per thread: a context variable). The KV config, the
 scheduler's block sizes and its coordinator then follow the groups
-(``kv_cache_config_fields``, ``scheduler_block_size``).
+(``kv_cache_config_fields``, ``scheduler_block_size``). Where a group holds layers of one
+kind with different shapes (``UniformTypeKVCacheSpecs``: DeepSeek-V3.2's MLA and indexer
+caches), the engine core gives the scheduler a view of the workers' config with one spec
+per group (``generate_scheduler_kv_cache_config``); the rebound ``Scheduler`` does the same,
+while the workers get speculators' config unchanged.
 Applies when: vLLM has ``get_kv_cache_groups(vllm_config, kv_cache_spec)`` and
 ``is_kv_cache_spec_uniform`` in ``kv_cache_utils`` or ``kv_cache_planning``.
 Remove when: speculators 0.3/0.4 support is dropped.
@@ -34,7 +38,7 @@ from types import ModuleType
 
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
-from . import _probes, _targets
+from . import _helpers, _probes, _targets
 from ._base import GeneratorAdapter
 
 #: Where vLLM keeps its KV-cache planning helpers (0.33 moved them to the second).
@@ -78,7 +82,7 @@ class KVCacheGroupsHybrid(GeneratorAdapter):
     vllm_range = None
     remove_when = "speculators 0.3/0.4 support is dropped"
     targets = _targets.in_generator("unify_hybrid_kv_cache_specs",
-                                    "_get_kv_cache_groups_uniform_spec",
+                                    "_get_kv_cache_groups_uniform_spec", "Scheduler",
                                     "VllmHiddenStatesGenerator._create_vllm_config")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
@@ -120,6 +124,23 @@ class KVCacheGroupsHybrid(GeneratorAdapter):
             _config.set(vllm_config)
             return vllm_config
 
+        scheduler_view = _find("generate_scheduler_kv_cache_config")
+        base = gen.Scheduler
+
+        def __init__(self, *args, **kwargs):
+            kv_cache_config = _helpers.argument(args, kwargs, "kv_cache_config", 1)
+            if scheduler_view is not None and kv_cache_config is not None and any(
+                    type(g.kv_cache_spec).__name__ == "UniformTypeKVCacheSpecs"
+                    for g in kv_cache_config.kv_cache_groups):
+                view = scheduler_view([kv_cache_config])
+                if "kv_cache_config" in kwargs or len(args) < 2:
+                    kwargs["kv_cache_config"] = view
+                else:
+                    args = (*args[:1], view, *args[2:])
+            base.__init__(self, *args, **kwargs)
+
+        patcher.setattr(gen, "Scheduler", _helpers.subclass(base, self.name,
+                                                            {"__init__": __init__}))
         patcher.setattr(gen, "unify_hybrid_kv_cache_specs", unify_hybrid_kv_cache_specs)
         patcher.setattr(gen, "_get_kv_cache_groups_uniform_spec",
                         _get_kv_cache_groups_uniform_spec)

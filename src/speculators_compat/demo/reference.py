@@ -47,6 +47,28 @@ def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return value
 
 
+def _transformers_config(model_path: str | os.PathLike[str]) -> Any:
+    """The checkpoint's config in transformers' own class for its ``model_type``.
+
+    ``import vllm`` registers vLLM's config classes with ``AutoConfig`` for some model types
+    (``kimi_linear``, ...): in a process that built a generator, ``AutoConfig`` then returns
+    vLLM's class, which transformers' modelling code cannot read (``'KimiLinearConfig' object
+    has no attribute 'num_local_experts'``, transformers 5.20.2 beside vLLM 0.34).
+    """
+    import json
+
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    path = os.fspath(model_path)
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        model_type = json.load(f).get("model_type")
+    cls = getattr(transformers, CONFIG_MAPPING_NAMES.get(model_type, ""), None)
+    if cls is None:
+        return transformers.AutoConfig.from_pretrained(path)
+    return cls.from_pretrained(path)
+
+
 def reference_hidden_states(
     model_path: str | os.PathLike[str],
     sequences: Sequence[Sequence[int]],
@@ -81,7 +103,7 @@ def reference_hidden_states(
 
     torch_dtype = _as_dtype(dtype)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.fspath(model_path), dtype=torch_dtype,
+        os.fspath(model_path), dtype=torch_dtype, config=_transformers_config(model_path),
         **({"device_map": device} if device != "cpu" else {}),
     )
     model = model.to(device).eval()

@@ -32,6 +32,10 @@ if __name__ == "__main__":
     p.add_argument("--long-batch", type=int, default=0,
                    help="first run one batch of this many 240-300-token sequences (above "
                         "speculators' 8192-token step budget: chunked prefill)")
+    p.add_argument("--vllm-additional-config", default="",
+                   help="JSON for VllmConfig(additional_config=...) of the generator, e.g. "
+                        "'{\"gdn_prefill_backend\": \"triton\"}' where the GPU kit lacks "
+                        "FlashInfer (vLLM's default GDN prefill kernel on Hopper)")
     p.add_argument("--tolerances", default="",
                    help="compare() tolerances for this run, e.g. min_cosine=0.985,"
                         "max_rel_l2_err=0.1 (defaults: demo.reference's)")
@@ -40,6 +44,23 @@ if __name__ == "__main__":
                   (item.split("=") for item in a.tolerances.split(",") if item)}
 
     from speculators_compat.demo.runner import make_sequences, run_check
+
+    if a.vllm_additional_config and not a.no_activate:
+        # speculators builds its VllmConfig itself: give it the option through its module's
+        # name (after activate(), which must precede importing speculators).
+        import speculators_compat
+
+        speculators_compat.activate()
+        import speculators.data_generation.vllm_hidden_states_generator as gen_module
+
+        extra_config = json.loads(a.vllm_additional_config)
+        vllm_config_cls = gen_module.VllmConfig
+
+        def vllm_config_with_extra(*args, **kw):
+            kw.setdefault("additional_config", extra_config)
+            return vllm_config_cls(*args, **kw)
+
+        gen_module.VllmConfig = vllm_config_with_extra
 
     batches = [make_sequences(int(n), seed=i, min_len=a.min_len, max_len=a.max_len)
                for i, n in enumerate(a.batches.split(","))]

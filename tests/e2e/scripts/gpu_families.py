@@ -73,6 +73,8 @@ def run_one(family: str, release: str, spec_path: str, a) -> dict:
     cmd = [sys.executable, str(HERE / "generate.py"), "--out", str(out),
            "--model", str(Path(a.ckpts) / family), "--layers", layers, "--batches", "1,11",
            "--min-len", "70", "--max-len", "200", "--gpu-mem", str(a.gpu_mem), *extra]
+    if a.vllm_additional_config:
+        cmd += ["--vllm-additional-config", a.vllm_additional_config]
     if release.startswith("0.4") and a.step_tokens:
         cmd += ["--max-num-batched-tokens", str(a.step_tokens)]
     env = dict(os.environ)
@@ -117,6 +119,8 @@ def main() -> int:
     p.add_argument("--gpu-mem", type=float, default=0.1)
     p.add_argument("--step-tokens", type=int, default=256)
     p.add_argument("--run-timeout", type=int, default=420)
+    p.add_argument("--vllm-additional-config", default="",
+                   help="passed to every generate.py run (see there)")
     p.add_argument("--floor-device", default="cuda")
     p.add_argument("--no-floor", action="store_true")
     a = p.parse_args()
