@@ -33,6 +33,7 @@ Remove when: speculators 0.3/0.4 support is dropped.
 from __future__ import annotations
 
 import contextvars
+import functools
 import importlib
 from types import ModuleType
 
@@ -127,6 +128,7 @@ class KVCacheGroupsHybrid(GeneratorAdapter):
         scheduler_view = _find("generate_scheduler_kv_cache_config")
         base = gen.Scheduler
 
+        @functools.wraps(base.__init__)  # adapters after this one probe its parameters
         def __init__(self, *args, **kwargs):
             kv_cache_config = _helpers.argument(args, kwargs, "kv_cache_config", 1)
             if scheduler_view is not None and kv_cache_config is not None and any(
