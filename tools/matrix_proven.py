@@ -13,11 +13,13 @@ passed or was not run for a stated reason (vLLM itself failing on the checkpoint
 an old CPU backend), the training chain (where it ran) passed, and, on speculators'
 strictly pinned vLLM, no ``upstream-change`` adapter applied. GPU level: the newest
 ``docs/results/gpu-*.json`` (not ``gpu-models-*``) with runs of that speculators release,
-every one of them ok. A GPU entry says whether it ran today's adapter code (``current``):
-its file's ``meta.shim_src`` equals the digest every CPU record of the matrix carries
-(``tools/matrix_fresh.py``; the matrix's own freshness test keeps those at today's code).
-The GPU machine is lent now and then, so a GPU run cannot be repeated at every change the
-way the CPU matrix is: the package reports an older one as such instead of as proof.
+every one of them ok. Every entry says whether it ran the adapter code of the package
+that ships it (``current``): its records' ``shim_src`` equals that code's digest
+(``tools/matrix_fresh.source_digest``). Re-running the whole matrix takes about 100
+minutes and the GPU machine is lent now and then, so neither is repeated at every change
+of adapter code: between releases the package reports a run of older adapter code as
+such ("at earlier adapter code", not counted as the release's level) instead of as proof,
+and a release is made only with current records (``tests/unit/test_support_matrix_fresh.py``).
 """
 
 from __future__ import annotations
@@ -92,6 +94,13 @@ def matrix_digest(data: dict[str, Any]) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
+def _row_digests(s: dict[str, Any]) -> set[str | None]:
+    pinned = (s.get("pinned") or {}).get("e2e_without_safeguards")
+    return {part.get("shim_src") for part in (s.get("doctor"), s.get("contract"), s.get("train"),
+                                               pinned, *(s.get("e2e") or {}).values())
+            if isinstance(part, dict) and part.get("status") != "not-run"}
+
+
 def _gpu(out: dict[str, Any], results: Path, digest: str | None) -> None:
     newest: dict[tuple[str, str], tuple[float, dict[str, Any], list[dict]]] = {}
     for f in sorted(results.glob("gpu-*.json")):
@@ -117,8 +126,11 @@ def _gpu(out: dict[str, Any], results: Path, digest: str | None) -> None:
                  current=bool(src) and digest is not None and src == digest)
 
 
-def proven(data: dict[str, Any], results: Path, speculators: tuple[str, ...]) -> dict[str, Any]:
-    """The shipped file's content (``speculators``: the supported releases)."""
+def proven(data: dict[str, Any], results: Path, speculators: tuple[str, ...],
+           digest: str | None = None) -> dict[str, Any]:
+    """The shipped file's content (``speculators``: the supported releases; ``digest``: the
+    adapter code of the package that ships it, which records must have run to be
+    ``current``; ``None``: the digest the CPU records carry, CPU records all current)."""
     out: dict[str, Any] = {}
     for rec in data.get("envs", {}).values():
         vllm = public((rec.get("versions") or {}).get("vllm"))
@@ -128,8 +140,10 @@ def proven(data: dict[str, Any], results: Path, speculators: tuple[str, ...]) ->
         for spec in speculators:
             s = (rec.get("speculators") or {}).get(spec)
             if row_holds(rec["level"], s):
-                _add(out, vllm, level, spec, rec.get("recorded"), ", ".join(_shims(s)) or None)
-    _gpu(out, results, matrix_digest(data))
+                more = {} if digest is None else {"current": _row_digests(s) == {digest}}
+                _add(out, vllm, level, spec, rec.get("recorded"), ", ".join(_shims(s)) or None,
+                     **more)
+    _gpu(out, results, matrix_digest(data) if digest is None else digest)
     return {"schema": SCHEMA,
             "source": "docs/support-matrix.json and docs/results/gpu-*.json, written by "
                       "tools/matrix.py render; do not edit",

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import envs  # noqa: E402  (tools/envs.py, beside this file)
+import matrix_fresh  # noqa: E402  (whether records ran today's adapter code)
 import matrix_proven  # noqa: E402  (the package's copy of the results)
 
 #: GPU results written by ``tools/gpu_run.sh`` (docs/gpu.md), rendered as their own table.
@@ -114,19 +115,31 @@ def _verdict_cell(rec: dict[str, Any], adapter: str, specs: list[str]) -> str:
 
 def render_proven(data: dict[str, Any], results: Path = GPU_RESULTS) -> str:
     """The text of :data:`PROVEN` (``tools/matrix_proven.py``)."""
-    return matrix_proven.text(matrix_proven.proven(data, results, envs.SPECULATORS))
+    return matrix_proven.text(matrix_proven.proven(data, results, envs.SPECULATORS,
+                                                   digest=matrix_fresh.source_digest()))
 
 
 def render(data: dict[str, Any]) -> str:
     """The whole page."""
     recs = [data["envs"][k] for k in sorted(data["envs"], key=envs.version_key)]
     specs = list(envs.SPECULATORS)
-    out = [*_intro(specs), *_environments(recs), *_results(recs, specs),
-           *_unsupported(recs), *render_gpu(digest=matrix_proven.matrix_digest(data)),
+    out = [*_intro(specs), *_freshness(data), *_environments(recs), *_results(recs, specs),
+           *_unsupported(recs), *render_gpu(digest=matrix_fresh.source_digest()),
            *render_gpu_models(), *render_suites(),
            *_verdicts(recs, specs),
            *_notes(recs, specs)]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _freshness(data: dict[str, Any]) -> list[str]:
+    """Which envs' rows ran other adapter code than this checkout's (by digest)."""
+    digest = matrix_fresh.source_digest()
+    stale = sorted({r.env for r in matrix_fresh.records(data) if r.shim_src != digest},
+                   key=envs.version_key)
+    if not stale:
+        return ["- Every row below ran the adapter code of this checkout.", ""]
+    return [f"- Envs whose rows ran earlier adapter code than this checkout's (not counted "
+            f"by `doctor` until run again): {', '.join(stale)}.", ""]
 
 
 def _intro(specs: list[str]) -> list[str]:
@@ -152,11 +165,12 @@ def _intro(specs: list[str]) -> list[str]:
         "there, so the contract checks that build a config, KV cache or scheduler skip "
         "(the skipped count; `CONTRACT_LEVEL_SKIPS` in `tools/envs.py` allows exactly "
         "those); everything else must pass.",
-        "- Each row names the shim commit it ran at. "
-        "`tests/unit/test_support_matrix_fresh.py` fails once adapter code changed after "
-        "that commit; `python3 tools/matrix.py run` at the new commit records it again. "
-        "`doctor` reads the same results (a copy in the package) to say whether the "
-        "installed vLLM was proven here, and at which level.",
+        "- Each row names the shim commit it ran at. A row recorded at earlier adapter "
+        "code than this checkout's proves nothing about today's code: `doctor` (which reads "
+        "a copy of these results in the package) names such a release \"at earlier "
+        "adapter code\" instead of counting it, and a release of speculators-compat is made "
+        "only with every row current (`tests/unit/test_support_matrix_fresh.py`; `python3 "
+        "tools/matrix.py run` records the rows again).",
         f"- CI (`.ci/run` → `tools/envs.py test`) runs the full suites in the "
         f"{' and '.join(envs.CI_VERSIONS)} envs × speculators {' and '.join(specs)}; see "
         "[contributing.md](contributing.md#support-matrix-toolsmatrixpy).",

@@ -21,7 +21,7 @@ from ._errors import CompatError, UnsupportedError
 from ._process import activate, deactivate, report, save_report
 from ._report import Kind, Report, Status
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 __all__ = ["activate", "deactivate", "report", "save_report", "CompatError", "Kind",
            "Report", "Status", "UnsupportedError", "__version__"]
 

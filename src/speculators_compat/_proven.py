@@ -10,9 +10,10 @@ library and ``packaging`` are imported: ``doctor`` and every report use this.
 Levels, best first: ``gpu`` (vLLM's CUDA build on a GPU, speculators' generator compared
 with transformers), ``cpu-e2e`` (a vLLM CPU build, the same comparison on CPU),
 ``contract`` (PyPI's CUDA build on a machine without a GPU: imports and probes only).
-A GPU entry with ``"current": false`` ran older adapter code than this package's: it is
-named as such and does not count as the release's level (the CPU levels are re-recorded
-at every adapter change; a GPU run only when a GPU machine is at hand).
+An entry with ``"current": false`` ran older adapter code than this package's: it is named
+as such and does not count as the release's level (a full matrix run takes about 100
+minutes and a GPU run needs a lent GPU machine: between releases the matrix is not
+re-recorded at every adapter change; a release is made only with current records).
 """
 
 from __future__ import annotations
@@ -55,11 +56,13 @@ def _best(levels: dict[str, Any], speculators: str | None = None) -> str | None:
 
 
 def _older(levels: dict[str, Any], speculators: str | None) -> dict[str, Any] | None:
-    """The GPU entry that passed with older adapter code (for ``speculators``), if any."""
-    entry = levels.get("gpu")
-    if entry and entry.get("current") is False and (
-            speculators is None or speculators in entry.get("speculators", ())):
-        return {k: entry.get(k) for k in ("speculators", "recorded", "shim")}
+    """The best level that passed with older adapter code (for ``speculators``), if any."""
+    for level in LEVELS:
+        entry = levels.get(level)
+        if entry and entry.get("current") is False and (
+                speculators is None or speculators in entry.get("speculators", ())):
+            return {"level": level,
+                    **{k: entry.get(k) for k in ("speculators", "recorded", "shim")}}
     return None
 
 
@@ -83,7 +86,9 @@ def verdict(vllm: str | None, speculators: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {"vllm": release, "proven": level is not None, "level": level}
     older = _older(levels, spec)
     if older:
-        out["older_gpu"] = older
+        out["older"] = older
+        if older["level"] == "gpu":
+            out["older_gpu"] = {k: v for k, v in older.items() if k != "level"}
     others = sorted({s for e in levels.values() if e.get("current", True)
                      for s in e.get("speculators", ())})
     if level:
@@ -121,11 +126,11 @@ def _text(v: dict[str, Any], speculators: str | None) -> str:
 
 
 def _older_text(v: dict[str, Any]) -> str:
-    older = v.get("older_gpu")
-    if not older:
+    older = v.get("older")
+    if not older or (v["proven"] and LEVELS.index(v["level"]) <= LEVELS.index(older["level"])):
         return ""
-    return (f"; a GPU run passed on {older.get('recorded')} at shim commit "
-            f"{older.get('shim')}, with older adapter code than this release of "
+    return (f"; a {LEVEL_TEXT[older['level']]} run passed on {older.get('recorded')} at shim "
+            f"commit {older.get('shim')}, with older adapter code than this release of "
             "speculators-compat (not counted)")
 
 

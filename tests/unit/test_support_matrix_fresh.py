@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -26,12 +28,43 @@ import matrix_fresh  # noqa: E402
 PKG = "src/speculators_compat"
 
 
-def test_recorded_results_describe_todays_adapter_code():
+def _version() -> Version:
+    text = (ROOT / "pyproject.toml").read_text()
+    return Version(re.search(r'^version = "([^"]+)"', text, re.M).group(1))
+
+
+def test_a_release_carries_results_of_its_adapter_code():
+    """The release gate: records of older adapter code are allowed only in a development
+    version (``X.Y.Z.devN``), where the shipped ``_proven.json`` marks them not current
+    (``test_proven.py::test_shipped_copy_is_current`` keeps it rendered with today's
+    digest), so ``doctor`` does not count them; a release needs every record current."""
     verdict = matrix_fresh.check(json.loads(matrix_fresh.RESULTS.read_text()))
-    assert not verdict.stale, verdict.message()
+    assert verdict.checked > 0
+    if verdict.stale:
+        assert _version().is_devrelease, (
+            f"version {_version()} is a release: " + verdict.message())
     if verdict.unverified:
         pytest.skip(verdict.message())
-    assert verdict.checked > 0
+
+
+def test_stale_records_are_not_counted():
+    """Every release level the package counts (``current`` in ``_proven.json``) ran
+    today's adapter code: its CPU records carry today's digest."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import matrix_proven
+
+    digest = matrix_fresh.source_digest()
+    data = json.loads(matrix_fresh.RESULTS.read_text())
+    shipped = json.loads((ROOT / PKG / "_proven.json").read_text())["releases"]
+    for rec in data["envs"].values():
+        level = matrix_proven.LEVEL_OF_ENV.get(rec.get("level"))
+        release = matrix_proven.public((rec.get("versions") or {}).get("vllm"))
+        entry = (shipped.get(release) or {}).get(level)
+        if not entry or not entry.get("current", False):
+            continue
+        for spec in entry["speculators"]:
+            assert matrix_proven._row_digests(rec["speculators"][spec]) == {digest}, (
+                release, level, spec)
 
 
 def test_adapter_code_of_this_package():

@@ -213,11 +213,20 @@ def test_env_names():
 
 
 def test_version_is_one_number_everywhere():
-    """``__version__``, pyproject.toml and the changelog's latest release agree."""
+    """``__version__``, pyproject.toml and the changelog's latest release agree; a
+    development version (``X.Y.Z.devN``, between releases) is newer than that release and
+    the changelog has an ``[Unreleased]`` section for it."""
+    from packaging.version import Version
+
     import speculators_compat
 
     root = Path(__file__).resolve().parents[2]
     project = re.search(r'^version = "([^"]+)"', (root / "pyproject.toml").read_text(), re.M)
     releases = re.findall(r"^## \[(\d[^\]]*)\]", (root / "CHANGELOG.md").read_text(), re.M)
     assert project and project.group(1) == speculators_compat.__version__
-    assert releases and releases[0] == speculators_compat.__version__
+    version = Version(speculators_compat.__version__)
+    if version.is_devrelease:
+        assert releases and Version(releases[0]) < version
+        assert "## [Unreleased]" in (root / "CHANGELOG.md").read_text()
+    else:
+        assert releases and releases[0] == speculators_compat.__version__
