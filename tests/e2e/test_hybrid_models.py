@@ -1,0 +1,67 @@
+"""Models that mix attention kinds in one network, through speculators' unchanged generator.
+
+Qwen3-Next puts gated-delta-net linear attention (a per-request recurrent state, no KV
+blocks) beside full attention; Gemma 4 puts sliding-window layers beside full-attention
+layers of another head size. Neither fits speculators' one KV cache group: both run only
+with vLLM's own grouping (the ``kv_cache_groups_hybrid`` adapter). Every captured layer
+is compared with transformers; sequences of 60-160 tokens cross Gemma 4's 64-token
+window, and with speculators 0.4's 96-token step budget every prompt is prefilled over
+several steps, so the linear-attention state must carry from step to step (and never
+from one request to the next: batch 1, then 7 new requests).
+
+The two runs (fresh interpreters) start together when the module's first test needs one.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from helpers import checkpoint, installed, require_speculators, run_script, vllm_version
+from packaging.version import Version
+
+pytestmark = pytest.mark.e2e
+
+COMMON = ("--batches", "1,7", "--min-len", "60", "--max-len", "160")
+
+
+def _gemma4_runs_here() -> bool:
+    """Gemma 4 needs transformers 5 (the checkpoint and the reference)."""
+    return Version(installed("transformers") or "0") >= Version("5.5")
+
+
+def _assert_ok(result: dict) -> None:
+    assert "failed_step" not in result, (result.get("failed_step"), result.get("error"),
+                                         result.get("_stderr_tail"))
+    for b in result["batches"]:
+        assert b["returned"] == b["size"] and b["input_order"], b
+        assert b["compare"]["ok"], b["compare"]
+    assert result["ok"]
+    wrong = result["known_wrong"]  # the comparison fails for deliberately wrong results
+    assert wrong.pop("correct") is True and wrong and not any(wrong.values()), wrong
+
+
+@pytest.fixture(scope="module")
+def runs():
+    require_speculators()
+    spec = installed("speculators") or ""
+    chunked = ("--max-num-batched-tokens", "96") if spec.startswith("0.4") else ()
+    args = {"qwen3_next": ("--model", checkpoint("qwen3_next"), "--layers", "0,2,3",
+                           *COMMON, *chunked)}
+    if _gemma4_runs_here():
+        args["gemma4"] = ("--model", checkpoint("gemma4"), "--layers", "0,4,5", *COMMON,
+                          *chunked)
+    with ThreadPoolExecutor(max_workers=len(args)) as pool:
+        yield {name: pool.submit(run_script, "generate.py", *a) for name, a in args.items()}
+
+
+def test_qwen3_next_linear_attention_matches_transformers(runs):
+    result = runs["qwen3_next"].result()
+    _assert_ok(result)
+
+
+def test_gemma4_sliding_and_full_of_two_head_sizes_match_transformers(runs):
+    if not _gemma4_runs_here():
+        pytest.skip(f"Gemma 4 needs transformers 5 (this env: {installed('transformers')}, "
+                    f"vLLM {vllm_version()})")
+    _assert_ok(runs["gemma4"].result())
