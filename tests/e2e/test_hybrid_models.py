@@ -25,6 +25,16 @@ pytestmark = pytest.mark.e2e
 COMMON = ("--batches", "1,7", "--min-len", "60", "--max-len", "160")
 
 
+#: vLLM CPU builds that load Qwen3-Next: 0.32 does; 0.16's fails while loading it
+#: (``dispatch_cpu_unquantized_gemm``: the gated-delta-net conv1d weight is 3-D), before
+#: any shim code runs. Releases in between are not verified here.
+QWEN3_NEXT_CPU = Version("0.32.0")
+
+
+def _qwen3_next_runs_here() -> bool:
+    return vllm_version() >= QWEN3_NEXT_CPU
+
+
 def _gemma4_runs_here() -> bool:
     """Gemma 4 needs transformers 5 (the checkpoint and the reference)."""
     return Version(installed("transformers") or "0") >= Version("5.5")
@@ -46,16 +56,21 @@ def runs():
     require_speculators()
     spec = installed("speculators") or ""
     chunked = ("--max-num-batched-tokens", "96") if spec.startswith("0.4") else ()
-    args = {"qwen3_next": ("--model", checkpoint("qwen3_next"), "--layers", "0,2,3",
-                           *COMMON, *chunked)}
+    args = {}
+    if _qwen3_next_runs_here():
+        args["qwen3_next"] = ("--model", checkpoint("qwen3_next"), "--layers", "0,2,3",
+                              *COMMON, *chunked)
     if _gemma4_runs_here():
         args["gemma4"] = ("--model", checkpoint("gemma4"), "--layers", "0,4,5", *COMMON,
                           *chunked)
-    with ThreadPoolExecutor(max_workers=len(args)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, len(args))) as pool:
         yield {name: pool.submit(run_script, "generate.py", *a) for name, a in args.items()}
 
 
 def test_qwen3_next_linear_attention_matches_transformers(runs):
+    if not _qwen3_next_runs_here():
+        pytest.skip(f"vLLM {vllm_version()}'s CPU build does not load Qwen3-Next (verified "
+                    f"from {QWEN3_NEXT_CPU})")
     result = runs["qwen3_next"].result()
     _assert_ok(result)
 
