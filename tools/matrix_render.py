@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import envs  # noqa: E402  (tools/envs.py, beside this file)
+import matrix_families  # noqa: E402  (the architecture matrix)
 import matrix_fresh  # noqa: E402  (whether records ran today's adapter code)
 import matrix_proven  # noqa: E402  (the package's copy of the results)
 
@@ -27,6 +28,7 @@ import matrix_proven  # noqa: E402  (the package's copy of the results)
 GPU_RESULTS = ROOT / "docs" / "results"
 #: The copy of the results the package ships (``speculators_compat._proven``).
 PROVEN = ROOT / "src" / "speculators_compat" / "_proven.json"
+ARCHITECTURES = ROOT / "docs" / "architectures.md"
 
 _SHORT = {"applied": "applied", "not-needed": "·", "mismatch": "**mismatch**",
           "failed": "**failed**", "disabled": "disabled"}
@@ -115,8 +117,15 @@ def _verdict_cell(rec: dict[str, Any], adapter: str, specs: list[str]) -> str:
 
 def render_proven(data: dict[str, Any], results: Path = GPU_RESULTS) -> str:
     """The text of :data:`PROVEN` (``tools/matrix_proven.py``)."""
-    return matrix_proven.text(matrix_proven.proven(data, results, envs.SPECULATORS,
-                                                   digest=matrix_fresh.source_digest()))
+    digest = matrix_fresh.source_digest()
+    content = matrix_proven.proven(data, results, envs.SPECULATORS, digest=digest)
+    content["families"] = matrix_families.families(results, digest)
+    return matrix_proven.text(content)
+
+
+def render_architectures(results: Path = GPU_RESULTS) -> str:
+    """docs/architectures.md (:mod:`matrix_families`)."""
+    return matrix_families.render_page(results, matrix_fresh.source_digest())
 
 
 def render(data: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ import os
 import runpy
 import sys
 from importlib import metadata
+from typing import Any
 
 from . import _env, _proven, _versions
 
@@ -67,6 +68,20 @@ def bootstrap_status() -> dict:
                      "spawned workers activate only through the plugin (reinstall)")}
 
 
+def _model_family(model: str, versions: dict[str, Any]) -> dict[str, Any]:
+    """The architecture matrix's verdict for a checkpoint (its config.json, read as JSON:
+    nothing is loaded)."""
+    try:
+        with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as exc:
+        return {"error": str(exc), "text": f"cannot read {model}/config.json: {exc}"}
+    archs = list(cfg.get("architectures") or [])
+    text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    archs += [a for a in text_cfg.get("architectures") or [] if a not in archs]
+    return _proven.family_verdict(archs, versions.get("vllm"), versions.get("speculators"))
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ._errors import UnsupportedError
     from ._process import ACTIVATION
@@ -93,6 +108,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     data["active"] = False
     data["dry_run"] = True
     data["vllm_distribution"] = _versions.installed_distribution("vllm")
+    if getattr(args, "model", None):
+        data["model_family"] = _model_family(args.model, data["versions"])
     data["plugin"] = plugin_status()
     data["bootstrap"] = bootstrap_status()
     data["environment"] = {k: os.environ.get(k) for k in
@@ -107,6 +124,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         extra = f" ({data['vllm_distribution']})" if name == "vllm" and v[name] else ""
         print(f"  {name:<13} {v[name] or 'not installed'}{extra}")
     print(f"support matrix: {data['proven']['text']}")
+    if "model_family" in data:
+        print(f"model family: {data['model_family']['text']}")
     print(f"plugin: {data['plugin']['note']}")
     print(f"bootstrap: {data['bootstrap']['note']} ({data['bootstrap']['directory']})")
     print("adapters (verdicts from a dry run in this process; nothing else changed):")
@@ -237,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("doctor", help="versions, plugin and adapter verdicts (changes nothing)")
     d.add_argument("--json", action="store_true")
+    d.add_argument("--model", metavar="DIR",
+                   help="also say whether this checkpoint's architecture was proven here "
+                        "(docs/architectures.md)")
     d.set_defaults(func=cmd_doctor)
     r = sub.add_parser("run", help="activate, then run SCRIPT (or -m MODULE) as __main__")
     r.add_argument("-m", dest="module", action="store_true", help="run a module, like python -m")

@@ -40,6 +40,47 @@ def releases() -> dict[str, dict[str, Any]]:
         return {}
 
 
+@cache
+def families() -> dict[str, dict[str, Any]]:
+    """Architecture -> vLLM release -> level -> {passed, failed, recorded, current}: the
+    architecture matrix (docs/architectures.md)."""
+    try:
+        with open(FILE, encoding="utf-8") as f:
+            return json.load(f).get("families") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def family_verdict(architectures: list[str], vllm: str | None,
+                   speculators: str | None) -> dict[str, Any]:
+    """What the architecture matrix proved for a model's architecture on this vLLM."""
+    release, spec = _public(vllm), _public(speculators)
+    arch = next((a for a in architectures if a in families()), None)
+    out: dict[str, Any] = {"architectures": list(architectures), "architecture": arch,
+                           "vllm": release, "proven": False, "level": None}
+    if arch is None:
+        out["text"] = (f"{', '.join(architectures) or 'this model'}: not in the architecture "
+                       "matrix (docs/architectures.md); run the demo's comparison on a tiny "
+                       "checkpoint of it before trusting its data")
+        return out
+    here = families()[arch].get(release or "") or {}
+    for level in LEVELS:
+        e = here.get(level)
+        if e and e.get("current") and spec in e.get("passed", ()):
+            out.update(proven=True, level=level, recorded=e.get("recorded"))
+            out["text"] = (f"{arch}: proven by the architecture matrix on vLLM {release}, "
+                           f"{LEVEL_TEXT[level]} (speculators {spec}; recorded "
+                           f"{e.get('recorded')})")
+            return out
+    seen = [f"vLLM {v} {LEVEL_TEXT[lv]}" + ("" if e.get("current") else ", earlier adapter code")
+            + (f": failed ({e['failed'][spec]})" if spec in e.get("failed", {}) else
+               f": passed with speculators {', '.join(e.get('passed', ())) or 'none'}")
+            for v, levels in families()[arch].items() for lv, e in levels.items()]
+    out["text"] = (f"{arch}: not proven on vLLM {release} with speculators {spec}; "
+                   "recorded: " + "; ".join(seen))
+    return out
+
+
 def _public(version: str | None) -> str | None:
     v = _versions.parse(version)
     return None if v is None else v.public

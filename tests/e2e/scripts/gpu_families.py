@@ -66,6 +66,22 @@ def floor(model: str, layers: list[int], device: str) -> dict:
     return {"min_cosine": c["min_cosine"], "per_layer": c["per_layer"]}
 
 
+def _architecture(ckpt: Path) -> dict:
+    """The checkpoint's architecture and model type (what doctor --model looks up)."""
+    try:
+        cfg = json.loads((ckpt / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"architecture": (cfg.get("architectures") or [None])[0],
+            "model_type": cfg.get("model_type")}
+
+
+def _why(error: str | None) -> str | None:
+    """The last line of an error that names its cause (for the architecture page)."""
+    lines = [ln.strip() for ln in (error or "").splitlines() if "Error" in ln]
+    return lines[-1][-300:] if lines else None
+
+
 def run_one(family: str, release: str, spec_path: str, a) -> dict:
     layers, extra = PLAN[family]
     out = Path(a.out) / f"{family}-{release}.json"
@@ -89,11 +105,13 @@ def run_one(family: str, release: str, spec_path: str, a) -> dict:
         except subprocess.TimeoutExpired:
             rc = "timeout"
     result = {"family": family, "release": release, "rc": rc,
-              "seconds": round(time.time() - t0, 1), "layers": layers}
+              "seconds": round(time.time() - t0, 1), "layers": layers,
+              **_architecture(Path(a.ckpts) / family)}
     try:
         r = json.loads(out.read_text())
     except (OSError, ValueError):
         result["error"] = log.read_text()[-3000:]
+        result["why"] = _why(result["error"])
         return result
     result["ok"] = bool(r.get("ok"))
     result["failed_step"] = r.get("failed_step")
@@ -106,7 +124,29 @@ def run_one(family: str, release: str, spec_path: str, a) -> dict:
                                                    (b.get("compare") or {}).get("per_layer", [])]}
                          for b in r.get("batches", [])]
     result["known_wrong"] = r.get("known_wrong")
+    if not result["ok"]:
+        result["why"] = _why(result.get("error"))
     return result
+
+
+def _meta() -> dict:
+    """Versions and the adapter-code digest the runs use (tools/matrix_fresh.py)."""
+    import importlib.metadata as md
+
+    meta = {}
+    for dist in ("vllm", "torch", "transformers"):
+        try:
+            meta[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            meta[dist] = None
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import matrix_fresh
+
+        meta["shim_src"] = matrix_fresh.source_digest(ROOT)
+    finally:
+        sys.path.pop(0)
+    return meta
 
 
 def main() -> int:
@@ -127,7 +167,8 @@ def main() -> int:
     Path(a.out).mkdir(parents=True, exist_ok=True)
     specs = dict(s.split("=", 1) for s in a.spec)
     families = [f for f in a.families.split(",") if f and (Path(a.ckpts) / f).is_dir()]
-    report: dict = {"families": families, "runs": [], "floors": {}, "started": time.time()}
+    report: dict = {"meta": _meta(), "families": families, "runs": [], "floors": {},
+                    "started": time.time()}
     path = Path(a.out) / "families.json"
 
     def save() -> None:

@@ -1,0 +1,85 @@
+"""The architecture matrix: records -> the package's ``families`` -> doctor's verdict.
+
+Made-up records in a temporary results folder: the newest record per architecture,
+release, level and speculators release counts; a run of other adapter code is marked
+not current and not counted; a failure keeps its reason; doctor's text names what was
+recorded where the installed release was not proven.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from speculators_compat import _proven
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import matrix_families  # noqa: E402
+
+
+def _write(folder: Path, name: str, digest: str, runs: list[dict]) -> None:
+    (folder / name).write_text(json.dumps({"meta": {"shim_src": digest}, "runs": runs}))
+
+
+def _run(arch: str, release: str, ok: bool, why: str | None = None) -> dict:
+    return {"architecture": arch, "release": release, "ok": ok, "why": why}
+
+
+@pytest.fixture
+def results(tmp_path):
+    _write(tmp_path, "families-gpu-h100-vllm-0.34.0-2026-12-05.json", "sha256:old",
+           [_run("Gemma4ForCausalLM", "0.4.0.1", False, "KV groups"),
+            _run("Qwen3NextForCausalLM", "0.4.0.1", True)])
+    _write(tmp_path, "families-gpu-h100-vllm-0.34.0-2026-12-06.json", "sha256:now",
+           [_run("Gemma4ForCausalLM", "0.4.0.1", True),
+            _run("Gemma4ForCausalLM", "0.3.0", True),
+            _run("KimiLinearForCausalLM", "0.4.0.1", False, "differs at layer 0")])
+    _write(tmp_path, "families-cpu-vllm-0.32.0-2026-12-06.json", "sha256:now",
+           [_run("Gemma4ForCausalLM", "0.4.0.1", True)])
+    return tmp_path
+
+
+def test_newest_record_counts_and_currency_follows_the_digest(results):
+    fams = matrix_families.families(results, "sha256:now")
+    gemma = fams["Gemma4ForCausalLM"]
+    assert gemma["0.34.0"]["gpu"] == {"passed": ["0.3.0", "0.4.0.1"], "failed": {},
+                                      "recorded": "2026-12-06", "current": True}
+    assert gemma["0.32.0"]["cpu-e2e"]["passed"] == ["0.4.0.1"]
+    assert fams["Qwen3NextForCausalLM"]["0.34.0"]["gpu"]["current"] is False  # old digest
+    assert fams["KimiLinearForCausalLM"]["0.34.0"]["gpu"]["failed"] == {
+        "0.4.0.1": "differs at layer 0"}
+
+
+def test_page_shows_results_reasons_and_age(results):
+    page = matrix_families.render_page(results, "sha256:now")
+    assert "| `Gemma4ForCausalLM` | pass 0.3.0, 0.4.0.1 (2026-12-06) |" in page
+    assert "(earlier adapter code)" in page.split("`Qwen3NextForCausalLM`")[1].split("\n")[0]
+    assert "speculators 0.4.0.1: differs at layer 0" in page
+
+
+def test_doctor_verdict(results, monkeypatch):
+    fams = matrix_families.families(results, "sha256:now")
+    monkeypatch.setattr(_proven, "families", lambda: fams)
+    ok = _proven.family_verdict(["Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"],
+                                "0.34.0+cu130", "0.4.0.1")
+    assert ok["proven"] and ok["level"] == "gpu" and ok["architecture"] == "Gemma4ForCausalLM"
+    old = _proven.family_verdict(["Qwen3NextForCausalLM"], "0.34.0", "0.4.0.1")
+    assert not old["proven"] and "earlier adapter code" in old["text"]
+    failed = _proven.family_verdict(["KimiLinearForCausalLM"], "0.34.0", "0.4.0.1")
+    assert not failed["proven"] and "differs at layer 0" in failed["text"]
+    unknown = _proven.family_verdict(["FooForCausalLM"], "0.34.0", "0.4.0.1")
+    assert not unknown["proven"] and "not in the architecture matrix" in unknown["text"]
+    elsewhere = _proven.family_verdict(["Gemma4ForCausalLM"], "0.33.0", "0.4.0.1")
+    assert not elsewhere["proven"] and "vLLM 0.34.0 GPU" in elsewhere["text"]
+
+
+def test_a_wrong_verdict_fails_these_checks(results, monkeypatch):
+    """Shown once: were a failed run counted, the verdict test above would fail."""
+    fams = matrix_families.families(results, "sha256:now")
+    fams["KimiLinearForCausalLM"]["0.34.0"]["gpu"]["passed"] = ["0.4.0.1"]
+    monkeypatch.setattr(_proven, "families", lambda: fams)
+    assert _proven.family_verdict(["KimiLinearForCausalLM"], "0.34.0", "0.4.0.1")["proven"]
