@@ -64,9 +64,12 @@ import matrix_train  # noqa: E402  (where the training chain runs)
 from matrix_render import (  # noqa: E402  (the renderer)
     ARCHITECTURES,
     PROVEN,
+    README,
+    readme_with_tables,
     render,
     render_architectures,
     render_proven,
+    render_readme_tables,
     short,
 )
 from sessions import run_in_own_session  # noqa: E402
@@ -614,8 +617,9 @@ def cmd_render(args) -> int:
     """Write (``--check``: compare) the page and the package's copy of the results."""
     data = load()
     stale = []
+    readme = readme_with_tables(README.read_text(), render_readme_tables(data))
     for path, text in ((TARGET, render(data)), (PROVEN, render_proven(data)),
-                       (ARCHITECTURES, render_architectures())):
+                       (ARCHITECTURES, render_architectures()), (README, readme)):
         if args.check:
             if (path.read_text() if path.exists() else "") != text:
                 stale.append(path.relative_to(ROOT).as_posix())
