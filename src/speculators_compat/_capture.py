@@ -54,19 +54,78 @@ def find_base_model(model: Any) -> Any:
     return base
 
 
-def layer_output(output: Any, layer_idx: int) -> Any:
-    """``hidden_states + residual`` from a decoder layer's return value."""
+#: Decoder layers that return three values, by the vLLM module that defines them: which
+#: value is the residual. A triple is read only where its meaning is known; elsewhere the
+#: capture refuses (summing the first two would be silently wrong: vLLM 0.34's Kimi-Linear /
+#: Kimi-K3 layers return ``(hidden_states, prefix_sum, residual)``, and reading the first
+#: value alone gave cosine 0.65 at layer 0 against transformers).
+THREE_VALUE_LAYERS: dict[str, str] = {
+    # (hidden_states, prefix_sum, residual); prefix_sum only with attention-residual
+    # blocks (config.attn_res_block_size), whose layer output is not a plain sum
+    "kimi_k3": "prefix_sum_residual",
+    # (hidden_states, residual, aux_hidden_states)
+    "plamo3": "residual_aux",
+}
+
+
+def _three_value_kind(layer: Any) -> str | None:
+    module = type(layer).__module__ if layer is not None else ""
+    parts = module.split(".")
+    return next((kind for name, kind in THREE_VALUE_LAYERS.items() if name in parts), None)
+
+
+def layer_output(output: Any, layer_idx: int, layer: Any = None) -> Any:
+    """``hidden_states + residual`` from a decoder layer's return value (``layer``: the
+    decoder layer module, which says what a three-value return holds)."""
     if isinstance(output, (tuple, list)):
-        if len(output) >= 2 and output[1] is not None:
-            return output[0] + output[1]
-        if len(output) >= 1 and hasattr(output[0], "shape"):
+        if len(output) == 3:
+            kind = _three_value_kind(layer)
+            if kind == "residual_aux" and output[1] is not None:
+                return output[0] + output[1]
+            if kind == "prefix_sum_residual":
+                if output[1] is not None:
+                    raise CompatError(
+                        f"speculators-compat: decoder layer {layer_idx} "
+                        f"({type(layer).__name__}) uses attention-residual blocks "
+                        "(attn_res_block_size): its output is not hidden_states + residual, "
+                        "and the capture cannot read it. Extract this model's hidden states "
+                        "with vLLM's own extract_hidden_states (speculators >= 0.5).")
+                if output[2] is not None:
+                    return output[0] + output[2]
+                return output[0].clone()
+            raise CompatError(
+                f"speculators-compat: decoder layer {layer_idx} ({type(layer).__name__}) "
+                "returns three values whose meaning the capture does not know: its hidden "
+                "states cannot be read. This architecture is not supported; please report it.")
+        if len(output) == 2:
+            if output[1] is not None:
+                return output[0] + output[1]
             return output[0].clone()  # later in-place ops (fused add+norm) must not alter it
+        if len(output) == 1 and hasattr(output[0], "shape"):
+            return output[0].clone()
     elif hasattr(output, "shape"):
         return output.clone()
     raise CompatError(
-        f"speculators-compat: decoder layer {layer_idx} returned {type(output).__name__}, "
+        f"speculators-compat: decoder layer {layer_idx} returned {type(output).__name__}"
+        f"{f' of {len(output)}' if isinstance(output, (tuple, list)) else ''}, "
         "not (hidden_states, residual): its hidden states cannot be read by the capture. "
         "This architecture is not supported; please report it.")
+
+
+def tp_partial_outputs(layers: Any, ids: Iterable[int]) -> list[int]:
+    """The hooked layers whose returned hidden states are, under tensor parallelism, an
+    un-reduced partial sum: vLLM 0.34's Qwen3.5 layers with the fused all-reduce norm
+    (``mlp_output_is_partial``) and its CUDA DeepSeek-V3.2 / GLM-5 (DSA) layers
+    (``vllm/models/deepseek_v32``: MLP and MoE with ``reduce_results=False``). Read from
+    vLLM 0.34's sources; not run here (one GPU)."""
+    found = []
+    for i in ids:
+        layer = layers[i]
+        module = type(layer).__module__.split(".")
+        if getattr(layer, "mlp_output_is_partial", False) is True or (
+                "models" in module and "deepseek_v32" in module):
+            found.append(i)
+    return found
 
 
 def _v1_runner_hint(lead: str = " Start") -> str:
@@ -168,7 +227,8 @@ def scheduled_positions(so: Any) -> dict[str, int]:
 class LayerCapture:
     """Hooks on decoder layers plus per-request row bookkeeping for one worker."""
 
-    def __init__(self, runner: Any, layer_ids: Iterable[int], enabled: bool) -> None:
+    def __init__(self, runner: Any, layer_ids: Iterable[int], enabled: bool,
+                 tp_size: int = 1) -> None:
         self.runner = runner
         self.enabled = enabled
         base = find_base_model(runner.model)
@@ -201,6 +261,14 @@ class LayerCapture:
                     "speculators-compat: prefill context parallelism splits each step's "
                     "rows across ranks; the capture does not support it under Model Runner "
                     f"V2. Start without it.{_v1_runner_hint(' Or start')}")
+        partial = tp_partial_outputs(layers, ids) if tp_size > 1 else []
+        if partial:
+            raise CompatError(
+                f"speculators-compat: with tensor_parallel_size={tp_size}, decoder layers "
+                f"{partial} of {type(layers[partial[0]]).__name__} return an un-reduced "
+                "tensor-parallel partial (vLLM defers the all-reduce into the next layer's "
+                "norm), which the capture on rank 0 would save as the layer's output. Run "
+                "the generator with tensor_parallel_size=1 for this model.")
         self._stale: set[str] = set()
         self.layer_ids = ids
         self._slot = {layer: i for i, layer in enumerate(ids)}
@@ -415,7 +483,7 @@ class LayerCapture:
         def hook(module, inputs, output):
             if self._step is None or not (self.armed and self.enabled):
                 return
-            hidden = layer_output(output, layer_idx)
+            hidden = layer_output(output, layer_idx, module)
             factor = self._unscale[layer_idx]
             if factor != 1.0 and str(hidden.dtype) == "torch.float16":
                 hidden = hidden * factor

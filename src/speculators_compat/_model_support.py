@@ -5,7 +5,14 @@ checkpoint), deep inside vLLM, with a message that names neither the model nor a
 Where the cause is known, the generator's construction is refused up front with a
 ``CompatError`` that says what is unsupported and what to use instead.
 
-Known today (measured on an H200 with vLLM 0.26.0, docs/gpu.md "Real-shape models"):
+Known today:
+
+- **Attention-residual blocks** (Kimi-K3 configs with ``attn_res_block_size``): vLLM 0.34's
+  decoder layers then return ``(hidden_states, prefix_sum, residual)`` with a per-block
+  residual; a layer's output is not their sum, and the capture cannot read it (read from
+  vLLM 0.34's ``vllm/models/kimi_k3``; ``_capture.layer_output`` refuses it at run time too).
+
+Measured on an H200 with vLLM 0.26.0 (docs/gpu.md "Real-shape models"):
 
 - **Sliding-window + full attention in one model** (GPT-OSS, Gemma 2/3, ...: ``layer_types``
   mixes ``sliding_attention`` with another kind) **on a GPU build**: speculators' generator
@@ -70,6 +77,14 @@ def gpu_platform() -> bool:
 
 def refusal(config: Any, *, gpu: bool, drops_block_stride: bool) -> str | None:
     """Why the generator cannot run this model here, or None (pure: the probes are arguments)."""
+    if getattr(_text_config(config), "attn_res_block_size", None) is not None:
+        arch = ",".join(getattr(config, "architectures", None) or []) or "this model"
+        return (f"speculators-compat: {arch} uses attention-residual blocks "
+                "(attn_res_block_size): vLLM's decoder layers then return a per-block "
+                "residual, not hidden_states + residual, and the hidden-state capture cannot "
+                "read a layer's output. Not supported by the shim: extract this model's "
+                "hidden states with vLLM's own extract_hidden_states (what speculators >= 0.5 "
+                "uses).")
     kinds = mixed_attention_kinds(config)
     if kinds and gpu and drops_block_stride:
         arch = ",".join(getattr(config, "architectures", None) or []) or "this model"
@@ -93,8 +108,8 @@ def check_generator_model(model_path: str) -> None:
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
     except Exception:  # noqa: BLE001 - speculators itself reports an unreadable config
         return
-    if mixed_attention_kinds(config) is None:
-        return
-    why = refusal(config, gpu=gpu_platform(), drops_block_stride=unify_drops_block_stride())
+    mixed = mixed_attention_kinds(config) is not None  # the probes only where they matter
+    why = refusal(config, gpu=mixed and gpu_platform(),
+                  drops_block_stride=mixed and unify_drops_block_stride())
     if why:
         raise CompatError(why)

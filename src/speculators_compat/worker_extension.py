@@ -31,8 +31,10 @@ class _CompatHiddenStatesExtension:
         old = getattr(self, "_compat_capture", None)
         if old is not None:
             old.remove()
-        enabled = get_tp_group().rank_in_group == 0  # capture once per token, as upstream
-        self._compat_capture = LayerCapture(self.model_runner, layer_ids, enabled)
+        tp = get_tp_group()
+        enabled = tp.rank_in_group == 0  # capture once per token, as upstream
+        self._compat_capture = LayerCapture(self.model_runner, layer_ids, enabled,
+                                            tp_size=tp.world_size)
         self._layer_ids = frozenset(layer_ids)
 
     def _capture(self):

@@ -90,7 +90,8 @@ def test_all_adapters_leave_vllm_untouched(base: Base):
             assert mro[len(executor_shims)] is MultiprocExecutor
             assert [c.__qualname__.rsplit(":", 1)[-1].rstrip("]")
                     for c in mro[:len(executor_shims)]] == executor_shims[::-1]
-            sched_shims = [n for n in ("scheduler_block_size", "scheduler_prefill_only")
+            sched_shims = [n for n in ("kv_cache_groups_hybrid", "scheduler_block_size",
+                                          "scheduler_prefill_only")
                            if statuses[n] is APPLIED]
             assert gen.Scheduler.__mro__[len(sched_shims)] is Scheduler
         after = snapshot(spaces)

@@ -255,3 +255,34 @@ def test_round_trip_checks_see_known_wrong_reloads(trained):
     assert trained["control_weights_diff"] == ["fc.weight"]
     assert trained["control_forward_diff"], "a reload with a changed weight went unnoticed"
     assert trained["control_config_diff"] == ["draft_vocab_size"]
+
+
+def _check_data(directory: Path, env: dict, *extra: str) -> tuple[int, dict]:
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "speculators_compat", "check-data",
+                           str(directory), "--json", *extra], env=env, capture_output=True,
+                          text=True, timeout=600)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_check_data_accepts_the_output_and_names_each_damage(offline_run):
+    """``check-data`` on what the pipeline really wrote: every file whole, once, with the
+    captured layers; then a copy with one file deleted and NaN in another fails, naming
+    exactly those two indices (a known-wrong directory must fail the check)."""
+    import torch
+
+    assert offline_run["rc"] == 0, offline_run["output"]
+    out, env = offline_run["out"], offline_run["env"]
+    rc, result = _check_data(out, env)
+    assert rc == 0 and result["status"] == "ok", result
+    assert result["files_checked"] == len(offline_run["samples"]) > 2, result
+    damaged = offline_run["tmp"] / "damaged"
+    shutil.copytree(out, damaged)
+    (damaged / "data_1.pt").unlink()
+    sample = torch.load(damaged / "data_2.pt", weights_only=False)
+    sample["hidden_states"][0][0, 0] = float("nan")
+    torch.save(sample, damaged / "data_2.pt")
+    rc, result = _check_data(damaged, env)
+    assert rc == 1 and result["status"] == "bad", result
+    assert sorted(b["index"] for b in result["bad_files"]) == [1, 2], result["bad_files"]

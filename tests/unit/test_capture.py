@@ -294,3 +294,59 @@ def test_fp16_guard_is_read_in_both_of_vllms_spellings(spelling, tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert fp16_unscale_factor(module.Layer()) == 2.5
+
+
+# --------------------------------------------------------------------------- layer returns
+
+def _layer_of(module_name: str):
+    cls = type("DecoderLayer", (), {"__module__": module_name})
+    return cls()
+
+
+def test_layer_output_pairs_and_triples():
+    """(h, r) -> h + r; (h, None) -> h; Kimi-Linear / Kimi-K3's (h, None, r) -> h + r (its
+    first value alone is the MLP's output: cosine 0.65 at layer 0 against transformers on
+    an H100, 2026-12-06); PLaMo 3's (h, r, aux) -> h + r; any other triple, or Kimi-K3's
+    attention-residual blocks (prefix_sum set), is refused rather than summed."""
+    import torch
+
+    from speculators_compat._capture import layer_output
+    from speculators_compat._errors import CompatError
+
+    h, r, x = torch.ones(2, 3), torch.full((2, 3), 2.0), torch.full((2, 3), 5.0)
+    assert torch.equal(layer_output((h, r), 0), h + r)
+    assert torch.equal(layer_output((h, None), 0), h)
+    kimi = _layer_of("vllm.models.kimi_k3.nvidia.model")
+    assert torch.equal(layer_output((h, None, r), 0, kimi), h + r)
+    assert not torch.equal(layer_output((h, None, r), 0, kimi), h)  # the old reading
+    with pytest.raises(CompatError, match="attention-residual"):
+        layer_output((h, x, r), 0, kimi)
+    plamo = _layer_of("vllm.model_executor.models.plamo3")
+    assert torch.equal(layer_output((h, r, x), 0, plamo), h + r)
+    with pytest.raises(CompatError, match="three values"):
+        layer_output((h, x, r), 3, _layer_of("vllm.models.qwen4_exp.nvidia.model"))
+    with pytest.raises(CompatError, match="of 4"):
+        layer_output((h, r, x, x), 0, kimi)
+
+
+def test_tensor_parallel_partial_layer_outputs_are_refused():
+    """Under tensor parallelism vLLM 0.34's Qwen3.5 (``mlp_output_is_partial``) and CUDA
+    DSA layers return an un-reduced partial: the capture refuses at setup, before any data
+    (rank 0 would save the partial as the layer's output); at TP 1, or for other layers, it
+    captures as before."""
+    from speculators_compat._capture import LayerCapture
+    from speculators_compat._errors import CompatError
+
+    runner = FakeV1Runner()
+    layers = runner.model.model.layers
+    LayerCapture(runner, LAYERS, enabled=True, tp_size=2).remove()  # ordinary layers
+    layers[2].mlp_output_is_partial = True
+    LayerCapture(runner, LAYERS, enabled=True, tp_size=1).remove()  # TP 1: complete
+    with pytest.raises(CompatError, match="tensor_parallel_size=1"):
+        LayerCapture(runner, LAYERS, enabled=True, tp_size=2)
+    layers[2].mlp_output_is_partial = False
+    dsa = type("DeepseekV32DecoderLayer", (type(layers[0]),),
+               {"__module__": "vllm.models.deepseek_v32.nvidia.model"})
+    layers[LAYERS[0]].__class__ = dsa
+    with pytest.raises(CompatError, match="DeepseekV32DecoderLayer"):
+        LayerCapture(runner, LAYERS, enabled=True, tp_size=4)

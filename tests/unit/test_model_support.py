@@ -60,3 +60,21 @@ def test_check_raises_before_the_wrapped_constructor(monkeypatch, tmp_path):
     hook_capture._refuse_unsupported_models(lambda *a, **k: called.append(1), None,
                                             (str(tmp_path),), {})
     assert called == [1]
+
+
+def test_attention_residual_blocks_are_refused_before_loading():
+    """Kimi-K3 configs with ``attn_res_block_size``: refused on every platform, naming the
+    setting and what to use instead; the same config without it is not."""
+    from types import SimpleNamespace
+
+    from speculators_compat._model_support import refusal
+
+    cfg = SimpleNamespace(architectures=["KimiK3ForCausalLM"], attn_res_block_size=8)
+    for gpu in (True, False):
+        why = refusal(cfg, gpu=gpu, drops_block_stride=False)
+        assert why and "attn_res_block_size" in why and "extract_hidden_states" in why
+    wrapped = SimpleNamespace(architectures=["KimiK3ForConditionalGeneration"],
+                              text_config=SimpleNamespace(attn_res_block_size=4))
+    assert refusal(wrapped, gpu=True, drops_block_stride=False)
+    plain = SimpleNamespace(architectures=["KimiLinearForCausalLM"], attn_res_block_size=None)
+    assert refusal(plain, gpu=True, drops_block_stride=True) is None
