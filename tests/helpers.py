@@ -93,3 +93,17 @@ def run_script(name: str, *args: str, env: dict | None = None, timeout: int = 90
         data["_rc"] = rc
         data["_stderr_tail"] = output[-6000:]
         return data
+
+
+def assert_generated_ok(result: dict) -> None:
+    """A ``generate.py`` verdict that holds: no failed step, every batch whole, in input
+    order and equal to transformers, and every deliberately wrong result failing the same
+    comparison (so the comparison can tell)."""
+    assert "failed_step" not in result, (result.get("failed_step"), result.get("error"),
+                                         result.get("_stderr_tail"))
+    for b in result["batches"]:
+        assert b["returned"] == b["size"] and b["input_order"], b
+        assert b["compare"]["ok"], b["compare"]
+    assert result["ok"]
+    wrong = dict(result["known_wrong"])
+    assert wrong.pop("correct") is True and wrong and not any(wrong.values()), wrong

@@ -66,12 +66,21 @@ def families(results: Path, digest: str | None) -> dict[str, Any]:
     return out
 
 
+def columns(fams: dict[str, Any]) -> list[tuple[str, str]]:
+    """(vLLM release, level) of every record, GPU first: the tables' columns."""
+    return sorted({(vllm, level) for a in fams.values() for vllm, lv in a.items() for level in lv},
+                  key=lambda c: (c[1] != "gpu", c[0]))
+
+
+def heading(col: tuple[str, str]) -> str:
+    return f"{'GPU' if col[1] == 'gpu' else 'CPU'}, vLLM {col[0]}"
+
+
 def render_page(results: Path, digest: str | None) -> str:
     """``docs/architectures.md``."""
     fams = families(results, digest)
-    cols = sorted({(vllm, level) for a in fams.values() for vllm, lv in a.items() for level in lv},
-                  key=lambda c: (c[1] != "gpu", c[0]))
-    head = [f"{'GPU' if level == 'gpu' else 'CPU'}, vLLM {vllm}" for vllm, level in cols]
+    cols = columns(fams)
+    head = [heading(c) for c in cols]
     lines = [
         "# Architecture matrix",
         "",

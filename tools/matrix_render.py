@@ -616,10 +616,9 @@ def render_readme_tables(data: dict[str, Any], results: Path = GPU_RESULTS) -> s
         lines.append(f"| {release} | " + " | ".join(
             _release_cell(levels.get(level)) for level in ("gpu", "cpu-e2e", "contract")) + " |")
     fams = content.get("families") or {}
-    cols = sorted({(v, lv) for a in fams.values() for v, lvs in a.items() for lv in lvs},
-                  key=lambda c: (c[1] != "gpu", c[0]))
-    lines += ["", "| model family (architecture) | " + " | ".join(
-        f"{'GPU' if lv == 'gpu' else 'CPU'}, vLLM {v}" for v, lv in cols) + " |",
+    cols = matrix_families.columns(fams)
+    lines += ["", "| model family (architecture) | "
+              + " | ".join(matrix_families.heading(c) for c in cols) + " |",
               "|---|" + "---|" * len(cols)]
     for arch in sorted(fams):
         cells = []

@@ -17,7 +17,14 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import checkpoint, installed, require_speculators, run_script, vllm_version
+from helpers import (
+    assert_generated_ok,
+    checkpoint,
+    installed,
+    require_speculators,
+    run_script,
+    vllm_version,
+)
 from packaging.version import Version
 
 pytestmark = pytest.mark.e2e
@@ -38,17 +45,6 @@ def _qwen3_next_runs_here() -> bool:
 def _gemma4_runs_here() -> bool:
     """Gemma 4 needs transformers 5 (the checkpoint and the reference)."""
     return Version(installed("transformers") or "0") >= Version("5.5")
-
-
-def _assert_ok(result: dict) -> None:
-    assert "failed_step" not in result, (result.get("failed_step"), result.get("error"),
-                                         result.get("_stderr_tail"))
-    for b in result["batches"]:
-        assert b["returned"] == b["size"] and b["input_order"], b
-        assert b["compare"]["ok"], b["compare"]
-    assert result["ok"]
-    wrong = result["known_wrong"]  # the comparison fails for deliberately wrong results
-    assert wrong.pop("correct") is True and wrong and not any(wrong.values()), wrong
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +68,11 @@ def test_qwen3_next_linear_attention_matches_transformers(runs):
         pytest.skip(f"vLLM {vllm_version()}'s CPU build does not load Qwen3-Next (verified "
                     f"from {QWEN3_NEXT_CPU})")
     result = runs["qwen3_next"].result()
-    _assert_ok(result)
+    assert_generated_ok(result)
 
 
 def test_gemma4_sliding_and_full_of_two_head_sizes_match_transformers(runs):
     if not _gemma4_runs_here():
         pytest.skip(f"Gemma 4 needs transformers 5 (this env: {installed('transformers')}, "
                     f"vLLM {vllm_version()})")
-    _assert_ok(runs["gemma4"].result())
+    assert_generated_ok(runs["gemma4"].result())

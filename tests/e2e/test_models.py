@@ -13,23 +13,12 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import checkpoint, require_speculators, run_script, vllm_version
+from helpers import assert_generated_ok, checkpoint, require_speculators, run_script, vllm_version
 from packaging.version import Version
 
 pytestmark = pytest.mark.e2e
 
 L4 = {"original_max_position_embeddings": 2, "beta": 1.0}
-
-
-def _assert_ok(result: dict) -> None:
-    assert "failed_step" not in result, (result.get("failed_step"), result.get("error"),
-                                         result.get("_stderr_tail"))
-    for b in result["batches"]:
-        assert b["returned"] == b["size"] and b["input_order"], b
-        assert b["compare"]["ok"], b["compare"]
-    assert result["ok"]
-    wrong = result["known_wrong"]  # the comparison fails for deliberately wrong results
-    assert wrong.pop("correct") is True and wrong and not any(wrong.values()), wrong
 
 
 def _mla() -> bool:
@@ -56,14 +45,14 @@ def runs():
 
 
 def test_qwen3_moe_matches_transformers(runs):
-    _assert_ok(runs["qwen3_moe"].result())
+    assert_generated_ok(runs["qwen3_moe"].result())
 
 
 def test_deepseek_llama_4_scaling_is_kept(runs):
     if not _mla():
         pytest.skip("vLLM's CPU backend runs MLA from about 0.28")
     result = runs["deepseek_l4"].result()
-    _assert_ok(result)
+    assert_generated_ok(result)
     # The same data compared with a reference that ignores llama_4_scaling must NOT match:
     # the scaling changes these positions, so the check above is sensitive to it.
     assert result["extra"]["unscaled_reference_ok"] is False, result["extra"]

@@ -27,7 +27,8 @@ def fake_tp(monkeypatch):
     state = SimpleNamespace(rank=0)
     vllm = ModuleType("vllm")
     dist = ModuleType("vllm.distributed")
-    dist.get_tp_group = lambda: SimpleNamespace(rank_in_group=state.rank)
+    dist.get_tp_group = lambda: SimpleNamespace(rank_in_group=state.rank,
+                                                world_size=state.rank + 1)
     vllm.distributed = dist
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.distributed", dist)

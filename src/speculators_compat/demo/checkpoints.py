@@ -247,81 +247,6 @@ _RECIPES: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 8,
         "mamba_ssm_dtype": "float32",
     },
-    # DeepSeek-V3.2 (deepseek-ai/DeepSeek-V3.2's config, shrunk): the ``deepseek_v3`` recipe's MLA
-    # and MoE plus the DSA lightning indexer with the published indexer shape (64 heads of 128:
-    # vLLM's FP8 indexer kernels are built for it).  ``index_topk`` 2048 (published) is at least
-    # every sequence length the comparisons use (``max_position_embeddings`` is 2048), so the
-    # sparse attention keeps every causal token and equals dense MLA: transformers' forward stays
-    # a valid oracle whatever the indexer scores.
-    "deepseek_v32": {
-        "model_type": "deepseek_v32",
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "moe_intermediate_size": 128,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "first_k_dense_replace": 1,
-        "q_lora_rank": 64,
-        "kv_lora_rank": 512,
-        "qk_rope_head_dim": 64,
-        "qk_nope_head_dim": 128,
-        "v_head_dim": 128,
-        "n_routed_experts": 8,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 8,
-        "n_group": 1,
-        "topk_group": 1,
-        "topk_method": "noaux_tc",
-        "scoring_func": "sigmoid",
-        "norm_topk_prob": True,
-        "routed_scaling_factor": 1.0,
-        "index_n_heads": 64,
-        "index_head_dim": 128,
-        "index_topk": 2048,
-    },
-    # GLM-5 (``glm_moe_dsa``, zai-org's GLM-5.x configs, shrunk): DSA like DeepSeek-V3.2, which
-    # vLLM 0.34 serves with the same model class, but GLM's MLA head dims (qk_nope 192, v 256;
-    # latent 512 + rope 64 as in DeepSeek, which vLLM's sparse MLA kernels need), a 32-head
-    # indexer with interleaved RoPE (``indexer_rope_interleave``: transformers' GLM indexer always
-    # interleaves, vLLM's only when told), and indexer sharing with the published schedule
-    # (``index_topk_freq`` 4, ``index_skip_topk_offset`` 3), which on 4 layers makes the last one
-    # reuse layer 2's top-k (transformers saves it as ``indexer_types``).  ``index_topk`` 2048
-    # selects every token, as for ``deepseek_v32``.  transformers' GLM router is sigmoid with a
-    # correction bias, which vLLM only builds with ``topk_method`` noaux_tc and ``scoring_func``
-    # sigmoid; vLLM routes GLM in float32 (``moe_router_dtype``, copied from the published config).
-    "glm_moe_dsa": {
-        "model_type": "glm_moe_dsa",
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "moe_intermediate_size": 128,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "first_k_dense_replace": 1,
-        "q_lora_rank": 64,
-        "kv_lora_rank": 512,
-        "qk_rope_head_dim": 64,
-        "qk_nope_head_dim": 192,
-        "v_head_dim": 256,
-        "n_routed_experts": 8,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 8,
-        "n_group": 1,
-        "topk_group": 1,
-        "topk_method": "noaux_tc",
-        "scoring_func": "sigmoid",
-        "moe_router_dtype": "float32",
-        "norm_topk_prob": True,
-        "routed_scaling_factor": 1.0,
-        "index_n_heads": 32,
-        "index_head_dim": 128,
-        "index_topk": 2048,
-        "index_topk_freq": 4,
-        "index_skip_topk_offset": 3,
-        "indexer_rope_interleave": True,
-        "rms_norm_eps": 1e-5,
-    },
     # Kimi-Linear (moonshotai/Kimi-Linear-48B-A3B's config, shrunk): three KDA (Kimi delta
     # attention) layers then one MLA layer, the published 3:1 mix, given as the published
     # ``linear_attn_config`` (1-based ``kda_layers`` / ``full_attn_layers``), which vLLM 0.34's own
@@ -428,6 +353,39 @@ _TENSOR_RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
 _CONFIG_JSON_DROP: dict[str, tuple[str, ...]] = {
     "deepseek_v32": ("layer_types",),
     "glm_moe_dsa": ("layer_types",),
+}
+
+# DeepSeek-V3.2 (deepseek-ai/DeepSeek-V3.2's config, shrunk): the ``deepseek_v3`` recipe's MLA
+# and MoE plus the DSA lightning indexer with the published indexer shape (64 heads of 128:
+# vLLM's FP8 indexer kernels are built for it).  ``index_topk`` 2048 (published) is at least
+# every sequence length the comparisons use (``max_position_embeddings`` is 2048), so the
+# sparse attention keeps every causal token and equals dense MLA: transformers' forward stays
+# a valid oracle whatever the indexer scores.
+_RECIPES["deepseek_v32"] = {**_RECIPES["deepseek_v3"], "model_type": "deepseek_v32",
+                            "index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048}
+# GLM-5 (``glm_moe_dsa``, zai-org's GLM-5.x configs, shrunk): DSA like DeepSeek-V3.2, which
+# vLLM 0.34 serves with the same model class, but GLM's MLA head dims (qk_nope 192, v 256;
+# latent 512 + rope 64 as in DeepSeek, which vLLM's sparse MLA kernels need), a 32-head
+# indexer with interleaved RoPE (``indexer_rope_interleave``: transformers' GLM indexer always
+# interleaves, vLLM's only when told), and indexer sharing with the published schedule
+# (``index_topk_freq`` 4, ``index_skip_topk_offset`` 3), which on 4 layers makes the last one
+# reuse layer 2's top-k (transformers saves it as ``indexer_types``).  ``index_topk`` 2048
+# selects every token, as for ``deepseek_v32``.  transformers' GLM router is sigmoid with a
+# correction bias, which vLLM only builds with ``topk_method`` noaux_tc and ``scoring_func``
+# sigmoid; vLLM routes GLM in float32 (``moe_router_dtype``, copied from the published config).
+_RECIPES["glm_moe_dsa"] = {
+    **_RECIPES["deepseek_v3"],
+    "model_type": "glm_moe_dsa",
+    "qk_nope_head_dim": 192,
+    "v_head_dim": 256,
+    "moe_router_dtype": "float32",
+    "index_n_heads": 32,
+    "index_head_dim": 128,
+    "index_topk": 2048,
+    "index_topk_freq": 4,
+    "index_skip_topk_offset": 3,
+    "indexer_rope_interleave": True,
+    "rms_norm_eps": 1e-5,
 }
 
 #: Checkpoint kinds that :func:`build_checkpoint` knows.
