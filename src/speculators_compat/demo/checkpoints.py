@@ -73,6 +73,30 @@ _COMMON: dict[str, Any] = {
     "hidden_act": "silu",
 }
 
+#: The Qwen3-Next / Qwen3.5 attention mix, shrunk: three gated-delta-net linear-attention
+#: layers then one gated full-attention layer (see the recipes' comments).
+_GATED_DELTA_NET_MIX: dict[str, Any] = {
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 128,
+    "partial_rotary_factor": 0.25,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+}
+#: Their MoE: 8 experts, all selected, and a gated shared expert.
+_QWEN_SHARED_EXPERT_MOE: dict[str, Any] = {
+    "moe_intermediate_size": 128,
+    "shared_expert_intermediate_size": 128,
+    "num_experts": 8,
+    "num_experts_per_tok": 8,
+}
+
 # Head dim 64: vLLM's CPU attention supports 64/128 but not e.g. 16.
 _RECIPES: dict[str, dict[str, Any]] = {
     "llama": {
@@ -181,72 +205,19 @@ _RECIPES: dict[str, dict[str, Any]] = {
     # as key heads as published (16 / 32, here 2 / 4); the full-attention head dim is 128 instead
     # of 256, RoPE on a quarter of it (partial_rotary_factor 0.25, the published value).  All 8
     # experts are selected for the same reason as DeepSeek-V3.
-    "qwen3_next": {
-        "model_type": "qwen3_next",
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_hidden_layers": 4,
-        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 128,
-        "partial_rotary_factor": 0.25,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "moe_intermediate_size": 128,
-        "shared_expert_intermediate_size": 128,
-        "num_experts": 8,
-        "num_experts_per_tok": 8,
-        "norm_topk_prob": True,
-    },
+    "qwen3_next": {"model_type": "qwen3_next", **_GATED_DELTA_NET_MIX, "intermediate_size": 512,
+                   "decoder_sparse_step": 1, "mlp_only_layers": [], **_QWEN_SHARED_EXPERT_MOE,
+                   "norm_topk_prob": True},
     # Qwen3.5 dense text model (Qwen/Qwen3.5-27B's text_config, shrunk): the Qwen3-Next attention
     # mix (3 gated-delta-net layers, then 1 gated full-attention layer) with a dense MLP.
     # ``mamba_ssm_dtype`` float32 is copied from the published config: vLLM 0.34 takes its
     # recurrent-state cache dtype from it (transformers keeps that state in float32 too).
-    "qwen3_5": {
-        "model_type": "qwen3_5_text",
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_hidden_layers": 4,
-        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 128,
-        "partial_rotary_factor": 0.25,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "mamba_ssm_dtype": "float32",
-    },
+    "qwen3_5": {"model_type": "qwen3_5_text", **_GATED_DELTA_NET_MIX, "intermediate_size": 512,
+                "mamba_ssm_dtype": "float32"},
     # Qwen3.5 MoE text model (Qwen/Qwen3.5-35B-A3B's text_config, shrunk): as ``qwen3_5`` with
     # every layer MoE plus a gated shared expert; all 8 experts selected (see DeepSeek-V3).
-    "qwen3_5_moe": {
-        "model_type": "qwen3_5_moe_text",
-        "hidden_size": 256,
-        "num_hidden_layers": 4,
-        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 128,
-        "partial_rotary_factor": 0.25,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "moe_intermediate_size": 128,
-        "shared_expert_intermediate_size": 128,
-        "num_experts": 8,
-        "num_experts_per_tok": 8,
-        "mamba_ssm_dtype": "float32",
-    },
+    "qwen3_5_moe": {"model_type": "qwen3_5_moe_text", **_GATED_DELTA_NET_MIX,
+                    **_QWEN_SHARED_EXPERT_MOE, "mamba_ssm_dtype": "float32"},
     # Kimi-Linear (moonshotai/Kimi-Linear-48B-A3B's config, shrunk): three KDA (Kimi delta
     # attention) layers then one MLA layer, the published 3:1 mix, given as the published
     # ``linear_attn_config`` (1-based ``kda_layers`` / ``full_attn_layers``), which vLLM 0.34's own
