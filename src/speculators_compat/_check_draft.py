@@ -54,19 +54,20 @@ def vllm_reads_named_layers(vllm_dir: str | None = None) -> bool | None:
         return None
 
 
-def _target_layers(config: dict[str, Any], target: str | None,
-                   data: dl.DataLayers | None) -> tuple[int | None, str | None]:
-    """The target's decoder layer count and where it was read."""
+def _target_layers(config: dict[str, Any], target: str | None, data: dl.DataLayers | None
+                   ) -> tuple[int | None, str | None, str | None]:
+    """The target's decoder layer count as vLLM counts it (:func:`~speculators_compat.
+    _draft_layers.layer_count`), where it was read, and the target's architecture."""
     if target is not None and target.isdigit():
-        return int(target), "--target"
+        return int(target), "--target", None
     for where in (target, dl.verifier_of(config), data.model if data else None):
-        if where:
-            n = dl.num_hidden_layers(where)
-            if n is not None:
-                return n, os.path.join(where, "config.json")
+        model = dl.read_model_config(where) if where else None
+        n = dl.layer_count(model) if model is not None else None
+        if n is not None:
+            return n, os.path.join(where, "config.json"), dl.architecture_of(model)
     if data is not None and data.num_hidden_layers is not None:
-        return data.num_hidden_layers, data.source
-    return None, None
+        return data.num_hidden_layers, data.source, None
+    return None, None, None
 
 
 def check(draft: str, data: str | None = None, target: str | None = None) -> dict[str, Any]:
@@ -89,16 +90,23 @@ def check(draft: str, data: str | None = None, target: str | None = None) -> dic
         folder = data if os.path.isdir(data) else os.path.dirname(os.path.abspath(data))
         lookup = dl.for_dirs([folder])
     trained = lookup.layers if lookup is not None else None
-    named = dl.named_layers(config)
+    found = dl.named_in(config)
+    named, named_from = found if found else (None, None)
+    legacy = dl.legacy_named_layers(config)
     reads_named = vllm_reads_named_layers()
-    n, n_from = _target_layers(config, target, trained)
-    feeds = (named if reads_named is not False else None) or (
+    n, n_from, arch = _target_layers(config, target, trained)
+    # vLLM takes each named id once, in layer order (_set_aux_hidden_state_layers)
+    feeds = (dl.fed(named) if named and reads_named is not False else None) or (
         dl.vllm_default(n) if n is not None else None)
+    missing, missing_why = dl.uncaptured(feeds, n, arch) if feeds and n else ([], None)
     result: dict[str, Any] = {
         "draft": draft, "config": path, "named": list(named) if named else None,
+        "named_from": named_from,
+        "eagle_config_ids_not_read": list(legacy) if legacy else None,
         "vllm_reads_named": reads_named,
-        "num_hidden_layers": n, "num_hidden_layers_from": n_from,
+        "num_hidden_layers": n, "num_hidden_layers_from": n_from, "architecture": arch,
         "vllm_feeds": list(feeds) if feeds else None,
+        "uncaptured": missing or None, "uncaptured_why": missing_why,
         "vllm_feeds_outputs_of": list(dl.speculators_ids(feeds)) if feeds else None,
         "data": data, "data_reason": lookup.reason if lookup is not None else None,
         "trained_on": list(trained.aux) if trained else None,
@@ -106,12 +114,13 @@ def check(draft: str, data: str | None = None, target: str | None = None) -> dic
         "expected": list(trained.vllm_aux_ids) if trained else None,
     }
     if trained is not None and feeds is not None:
-        match = tuple(feeds) == trained.vllm_aux_ids
+        match = tuple(feeds) == trained.vllm_aux_ids and not missing
         result.update(status="match" if match else "mismatch", exit=OK if match else MISMATCH)
     elif trained is not None:
         result.update(status="unknown", exit=MISMATCH)  # names none, target size unknown
     elif named and reads_named is not False:
-        result.update(status="named", exit=OK)
+        result.update(status="uncaptured" if missing else "named",
+                      exit=MISMATCH if missing else OK)
     else:
         result.update(status="default", exit=MISMATCH)
     return result
@@ -129,8 +138,10 @@ def lines(r: dict[str, Any]) -> list[str]:
                    + (f", {r['vllm_feeds']}: the outputs of target layers "
                       f"{r['vllm_feeds_outputs_of']}" if r["vllm_feeds"] else ""))
     elif r["named"]:
-        out.append(f"vLLM feeds auxiliary hidden states {r['named']} (named in config.json): "
-                   f"the outputs of target layers {r['vllm_feeds_outputs_of']}")
+        out.append(f"vLLM feeds auxiliary hidden states {r['vllm_feeds']} (named in config.json"
+                   f" as {r.get('named_from') or dl.FIELD}: {r['named']}; vLLM takes each id "
+                   f"once, in layer order): the outputs of target layers "
+                   f"{r['vllm_feeds_outputs_of']}")
     elif r["vllm_feeds"]:
         out.append(f"config.json names no {dl.FIELD}: vLLM feeds its default for a "
                    f"{r['num_hidden_layers']}-layer target, {r['vllm_feeds']} (2, n//2, n-3): "
@@ -138,6 +149,14 @@ def lines(r: dict[str, Any]) -> list[str]:
     else:
         out.append(f"config.json names no {dl.FIELD}: vLLM feeds its default (2, n//2, n-3); "
                    "the target's layer count is unknown (pass --target MODEL_DIR or N)")
+    if r.get("eagle_config_ids_not_read"):
+        out.append(f"note: eagle_config.{dl.FIELD}={r['eagle_config_ids_not_read']} is read by "
+                   f"vLLM 0.32's V1 model runner only; vLLM 0.34 feeds the default instead "
+                   f"(name the ids at the top level as {dl.FIELD})")
+    if r.get("uncaptured"):
+        out.append(f"vLLM captures nothing for aux ids {r['uncaptured']} of this target "
+                   f"({r['uncaptured_why']}): the draft gets fewer hidden states than it was "
+                   "built for")
     if r["data"] is not None:
         if r["trained_on"] is not None:
             out.append(f"training data: {r['data_reason']}: the draft learned from the outputs "
@@ -155,6 +174,8 @@ def lines(r: dict[str, Any]) -> list[str]:
         "unknown": f"UNCONFIRMED: the target's layer count is unknown; {fix}",
         "named": "OK: the config names its layers (pass --data DIR to compare them with the "
                  "training data)",
+        "uncaptured": f"MISMATCH: the config names layers vLLM does not capture for this "
+                      f"target; {fix}",
         "default": "UNCONFIRMED: the draft relies on vLLM's default layers; a draft trained on "
                    "speculators 0.3/0.4's default capture (layers 2, n//2, n-3) is then fed "
                    f"the layers one below; {fix}",
