@@ -71,6 +71,19 @@ small ``--max-num-batched-tokens`` makes chunked prefill split prompts, so ``nat
     PYTHONPATH=src .envs/vllm-0.32.0/bin/python tests/e2e/scripts/gpu_models.py --tiny \\
         --out /tmp/gm --work /tmp/gm-work --spec 0.4.0.1=.envs/speculators-0.4.0.1 \\
         --models qwen3_moe,deepseek_v3 --max-len 64 --max-num-batched-tokens 160
+
+The hybrid models on the CPU: the same command with ``--models gemma4`` (add ``--spec
+0.3.0=.envs/speculators-0.3.0`` without ``--max-num-batched-tokens``, which 0.3.0 does not
+take). vLLM 0.32's CPU build runs Gemma 4 only: its Qwen3.5 fails inspecting the
+architecture (its processor imports torchvision, absent from the env) and DeepSeek-V3.2
+stops with "Sparse Attention is not supported on CPU"; their ``--tiny`` builds still load
+and run in transformers (5.19 and 5.20.2).
+
+Device, the hybrid models only (see docs/gpu.md, "Real-shape models")::
+
+    bash tools/gpu_models.sh .gpu-kit/parts/kit.part02 -- \\
+        --models qwen3_5_moe,deepseek_v32,gemma4 --deadline 540 --min-start-left 120 \\
+        --parallel 3 --parallel-builds 2 --gpu-mem 0.25
 """
 
 from __future__ import annotations
