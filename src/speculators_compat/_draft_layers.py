@@ -325,16 +325,17 @@ def layer_count(config: dict[str, Any]) -> int | None:
     """The decoder layer count ``n`` of vLLM's default ``(2, n//2, n-3)``: ``len(layers)``
     of the language model, which is built from its text config's ``num_hidden_layers``
     (wrappers: the text config's, never a top-level value), except Nemotron-H, which builds
-    one layer per character of ``hybrid_override_pattern`` (``nemotron_h.py``; transformers
-    5 derives ``num_hidden_layers`` from the pattern, or from ``layers_block_type``, and
-    ignores a stale value). ``None`` when the config does not say."""
+    one layer per character of ``hybrid_override_pattern`` (``nemotron_h.py``). transformers
+    5's ``NemotronHConfig`` (which vLLM 0.34 loads) takes ``layers_block_type`` first, else
+    the pattern, derives ``num_hidden_layers`` from it and ignores a stale value; the pattern
+    vLLM reads is then rebuilt from that list. ``None`` when the config does not say."""
     text = text_config(config)
-    pattern = text.get("hybrid_override_pattern")
-    if isinstance(pattern, str) and pattern:
-        return len(pattern)
     blocks = text.get("layers_block_type")
     if text.get("model_type") == "nemotron_h" and isinstance(blocks, list) and blocks:
         return len(blocks)
+    pattern = text.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        return len(pattern)
     n = text.get("num_hidden_layers")
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 

@@ -169,6 +169,9 @@ def test_nemotron_h_counts_the_pattern_before(tmp_path):
     assert (r["status"], r["vllm_feeds"]) == ("mismatch", [2, 25, 47])  # not "unknown"
     # a nested Nemotron-H text config (Nemotron-H VL wrappers) counts the same way
     assert _draft_layers.layer_count({"text_config": stale}) == 42
+    # both spellings: transformers 5 builds the layers from layers_block_type
+    both = {**saved, "hybrid_override_pattern": _nemotron_pattern(42)}
+    assert _draft_layers.layer_count(both) == 50
 
 
 def test_generator_record_counts_like_vllm():
