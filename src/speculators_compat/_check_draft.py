@@ -5,9 +5,12 @@ Why: vLLM never says. A draft config without ``eagle_aux_hidden_state_layer_ids`
 served with vLLM's default ids ``(2, n//2, n-3)``, the outputs of layers ``1, n//2-1,
 n-4``; a draft trained on speculators 0.3/0.4's default capture (layers ``2, n//2, n-3``)
 then runs one layer off with no error (:mod:`speculators_compat._draft_layers`). This
-reads the draft's ``config.json`` the way vLLM does, the target's layer count from the
-verifier it names (or ``--target``), and the data folder's layer metadata
-(``--data``), and says what vLLM will feed. No torch, transformers or vLLM import: where
+reads the draft's ``config.json`` the way vLLM 0.34 does (the keys of
+``get_eagle3_aux_layers_from_config``, in its order; each id once, in layer order), the
+target's layer count as vLLM counts it (a wrapper's ``text_config``, Nemotron-H's layer
+pattern) from the verifier the draft names (or ``--target``), and the data folder's layer
+metadata (``--data``), and says what vLLM will feed, including ids the target's vLLM
+model never captures. No torch, transformers or vLLM import: where
 vLLM is installed, its speculators-format loader is read as text to learn whether it
 passes the draft's layer ids on at all (vLLM 0.11's does not: it feeds every EAGLE-3
 draft its default layers).
