@@ -98,9 +98,11 @@ def check(draft: str, data: str | None = None, target: str | None = None) -> dic
     legacy = dl.legacy_named_layers(config)
     reads_named = vllm_reads_named_layers()
     n, n_from, arch = _target_layers(config, target, trained)
-    # vLLM takes each named id once, in layer order (_set_aux_hidden_state_layers)
-    feeds = (dl.fed(named) if named and reads_named is not False else None) or (
-        dl.vllm_default(n) if n is not None else None)
+    default = dl.vllm_default(n) if n is not None else None
+    # vLLM takes each id once, in layer order (_set_aux_hidden_state_layers), its default's
+    # too: (2, n//2, n-3) of a 6-layer target is fed as [2, 3]
+    feeds = dl.fed(named) if named and reads_named is not False else (
+        dl.fed(default) if default else None)
     missing, missing_why = dl.uncaptured(feeds, n, arch) if feeds and n else ([], None)
     result: dict[str, Any] = {
         "draft": draft, "config": path, "named": list(named) if named else None,
@@ -108,6 +110,7 @@ def check(draft: str, data: str | None = None, target: str | None = None) -> dic
         "eagle_config_ids_not_read": list(legacy) if legacy else None,
         "vllm_reads_named": reads_named,
         "num_hidden_layers": n, "num_hidden_layers_from": n_from, "architecture": arch,
+        "vllm_default": list(default) if default else None,
         "vllm_feeds": list(feeds) if feeds else None,
         "uncaptured": missing or None, "uncaptured_why": missing_why,
         "vllm_feeds_outputs_of": list(dl.speculators_ids(feeds)) if feeds else None,
@@ -141,13 +144,18 @@ def lines(r: dict[str, Any]) -> list[str]:
                    + (f", {r['vllm_feeds']}: the outputs of target layers "
                       f"{r['vllm_feeds_outputs_of']}" if r["vllm_feeds"] else ""))
     elif r["named"]:
-        out.append(f"vLLM feeds auxiliary hidden states {r['vllm_feeds']} (named in config.json"
-                   f" as {r.get('named_from') or dl.FIELD}: {r['named']}; vLLM takes each id "
-                   f"once, in layer order): the outputs of target layers "
+        where = r.get("named_from") or dl.FIELD
+        how = "" if where == dl.FIELD and r["named"] == r["vllm_feeds"] else (
+            f" as {where}: {r['named']}; each id once, in layer order")
+        out.append(f"vLLM feeds auxiliary hidden states {r['vllm_feeds']} (named in "
+                   f"config.json{how}): the outputs of target layers "
                    f"{r['vllm_feeds_outputs_of']}")
     elif r["vllm_feeds"]:
+        raw = r.get("vllm_default") or r["vllm_feeds"]
+        rule = "(2, n//2, n-3)" if raw == r["vllm_feeds"] else (
+            f"((2, n//2, n-3) = {raw}, each id once)")
         out.append(f"config.json names no {dl.FIELD}: vLLM feeds its default for a "
-                   f"{r['num_hidden_layers']}-layer target, {r['vllm_feeds']} (2, n//2, n-3): "
+                   f"{r['num_hidden_layers']}-layer target, {r['vllm_feeds']} {rule}: "
                    f"the outputs of target layers {r['vllm_feeds_outputs_of']}")
     else:
         out.append(f"config.json names no {dl.FIELD}: vLLM feeds its default (2, n//2, n-3); "

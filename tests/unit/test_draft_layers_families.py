@@ -310,3 +310,13 @@ def test_ids_the_target_never_captures(tmp_path):
                            _data(tmp_path / "data", [2, 39]))
     assert (r["status"], r["uncaptured"]) == ("mismatch", [40])
     assert _draft_layers.uncaptured([3, 17, 30], 32) == ([], None)
+
+
+def test_a_small_targets_default_is_fed_once_each(tmp_path):
+    """(2, n//2, n-3) of a 6-layer target repeats id 3; vLLM keeps it once, so the draft
+    gets two states. The code before reported [2, 3, 3]."""
+    tgt = _target(tmp_path / "t", {"num_hidden_layers": 6})
+    r = _check_draft.check(_draft(tmp_path / "draft", tgt), _data(tmp_path / "d", [2, 3, 5]))
+    assert (r["vllm_default"], r["vllm_feeds"], r["status"]) == ([2, 3, 3], [2, 3], "mismatch")
+    assert "6-layer target, [2, 3] ((2, n//2, n-3) = [2, 3, 3], each id once)" in \
+        "\n".join(_check_draft.lines(r))
