@@ -9,6 +9,11 @@
   script unchanged as ``__main__`` with its own argv (like ``ddtrace-run``), so an
   existing data-generation command works by prefixing it. Every Python process it
   starts (vLLM's workers included) activates at interpreter start (``_bootstrap``).
+  ``data_<i>.pt`` files are saved whole (``_offline_hooks``).
+* ``run --data-parallel N [--gpus-per-replica K] SCRIPT [ARGS...]``: N replicas of
+  speculators' offline script on disjoint sample ranges and devices, one output folder;
+  multi-node under torchrun / SLURM / Open MPI; a rerun generates only what is missing
+  (``_data_parallel``).
 * ``demo``: build a tiny checkpoint, run speculators' own generator through the shim on
   the installed vLLM, compare every layer with transformers, print the report,
   PASS/FAIL and tokens/s.
@@ -152,10 +157,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"speculators-compat run: {args.target}: no such file (use -m for a module)",
               file=sys.stderr)
         return 2
+    if args.data_parallel is not None:
+        if args.module:
+            print("speculators-compat run --data-parallel runs a script (speculators' "
+                  "scripts/data_generation_offline.py), not a module (-m)", file=sys.stderr)
+            return 2
+        from . import _data_parallel
+
+        return _data_parallel.main(args.target, args.args, args.data_parallel,
+                                   args.gpus_per_replica, args.indices, args.rank,
+                                   args.world_size)
     report = speculators_compat.activate()
     print(report.summary_line(), file=sys.stderr)
     for r in report.problems:
         print(f"speculators-compat: {r.name} {r.status.value}: {r.reason}", file=sys.stderr)
+    from . import _offline_hooks
+
+    _offline_hooks.install()  # whole data_<i>.pt files; a replica's range
     sys.argv = [args.target, *args.args]
     if args.module:
         sys.path.insert(0, os.getcwd())  # as `python -m` does
@@ -262,6 +280,20 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(func=cmd_doctor)
     r = sub.add_parser("run", help="activate, then run SCRIPT (or -m MODULE) as __main__")
     r.add_argument("-m", dest="module", action="store_true", help="run a module, like python -m")
+    r.add_argument("--data-parallel", type=_positive, default=None, metavar="N",
+                   help="N replicas of speculators' offline script on disjoint sample ranges "
+                        "and devices, into one --output-dir; a rerun generates only the "
+                        "missing samples (also with N=1)")
+    r.add_argument("--gpus-per-replica", type=_positive, default=1, metavar="K",
+                   help="GPUs of each replica (its --tensor-parallel-size; default 1)")
+    r.add_argument("--indices", default=None, metavar="A:B",
+                   help="with --data-parallel: only the files data_A..data_<B-1>")
+    r.add_argument("--rank", type=int, default=None,
+                   help="with --data-parallel: this task's rank among --world-size tasks "
+                        "(default: RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK)")
+    r.add_argument("--world-size", type=_positive, default=None,
+                   help="with --data-parallel: the number of tasks (default: WORLD_SIZE, "
+                        "SLURM_NTASKS or OMPI_COMM_WORLD_SIZE; else 1)")
     r.add_argument("target")
     r.add_argument("args", nargs=argparse.REMAINDER)
     r.set_defaults(func=cmd_run)
