@@ -90,15 +90,25 @@ def test_fed_order_equals_vllms():
     assert holder.aux_hidden_state_layers == _draft_layers.fed((30, 3, 17, 17)) == (3, 17, 30)
 
 
+def _config(model_type: str, **params):
+    try:
+        return transformers.AutoConfig.for_model(model_type, **params)
+    except ValueError as exc:  # "Unrecognized model identifier": an older transformers
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type} ({exc!s:.60})")
+
+
 @pytest.mark.parametrize("model_type", ["gemma4", "qwen3_5", "qwen3_5_moe"])
 def test_wrapper_layer_count_is_the_text_configs(model_type):
-    config = transformers.AutoConfig.for_model(model_type)
+    config = _config(model_type)
     assert _draft_layers.layer_count(config.to_dict()) == \
         config.get_text_config().num_hidden_layers
 
 
 def test_nemotron_h_layer_count_equals_transformers(tmp_path):
-    cls = transformers.AutoConfig.for_model("nemotron_h").__class__
+    cls = _config("nemotron_h").__class__
+    if not hasattr(cls, "layers_block_type") and "layers_block_type" not in getattr(
+            cls, "__dataclass_fields__", {}):
+        pytest.skip("this transformers' NemotronHConfig predates layers_block_type")
     recipe = cls(hybrid_override_pattern="MEM*E")  # the tiny recipe's pattern
     assert _draft_layers.layer_count(recipe.to_dict()) == recipe.num_hidden_layers == 5
     recipe.save_pretrained(tmp_path)
