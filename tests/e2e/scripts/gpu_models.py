@@ -54,8 +54,12 @@ Pass criteria (where the native files exist):
    it (``native_matched`` vs the same oracle: the *floor*) plus the ``--matched-tol``
    margin, per layer (triangle inequality on the angle, the relative L2 and the max error).
    So a MoE / FP8 layer that misses transformers passes only where vLLM itself misses it by
-   as much; the tolerances themselves are not loosened. ``floors`` in the JSON holds every
-   floor, including ``native`` vs ``native_matched`` (what batch composition alone moves).
+   as much; the tolerances themselves are not loosened. Models without a native oracle
+   (GPT-OSS, the hybrid models) have no such floor: their JSON rows hold
+   ``transformers_float32_floor`` instead (transformers' bf16 forward against its float32
+   forward, per layer), which judges nothing but tells bf16 noise of the random checkpoint
+   from a miss. ``floors`` in the JSON holds every vLLM floor, including ``native`` vs
+   ``native_matched`` (what batch composition alone moves).
 3. Every criterion, the floor-judged ones included, must fail on deliberately wrong
    results (rows one position late; each layer against the next captured layer's
    reference) -- else it does not count.
@@ -572,6 +576,15 @@ def child_gen(p: dict) -> dict:
         refs["transformers"] = (reference_hidden_states(build["path"], flat, layers,
                                                         device=device), None)
         res["reference_s"] = time.time() - t
+        if "native" not in kinds:
+            # No vLLM floor without a native oracle: record how far transformers' own bf16
+            # forward is from its float32 forward (informational, judges nothing), so a
+            # miss can be told from bf16 noise of the random checkpoint.
+            fp32 = reference_hidden_states(build["path"], flat, layers, dtype=torch.float32,
+                                           device=device)
+            res["transformers_float32_floor"] = _compare(
+                [[h.float() for h in seq] for seq in refs["transformers"][0]], fp32, layers)
+            del fp32
     if "native" in kinds:
         n_res = _wait_for_native(p, "native")
         if n_res is None:
