@@ -171,9 +171,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(report.summary_line(), file=sys.stderr)
     for r in report.problems:
         print(f"speculators-compat: {r.name} {r.status.value}: {r.reason}", file=sys.stderr)
-    from . import _offline_hooks
+    from . import _data_parallel, _offline_hooks
 
     _offline_hooks.install()  # whole data_<i>.pt files; a replica's range
+    gaps = None if args.module else _data_parallel.plain_run_gaps(args.args)
+    if gaps:
+        print(f"speculators-compat: warning: {gaps}", file=sys.stderr)
     sys.argv = [args.target, *args.args]
     if args.module:
         sys.path.insert(0, os.getcwd())  # as `python -m` does

@@ -773,6 +773,28 @@ def _tail(path: str, lines: int = 20) -> str:
         return "(no output)"
 
 
+def plain_run_gaps(args: Sequence[str]) -> str | None:
+    """For a plain ``run`` of the offline script: the indices below the highest
+    ``data_<i>.pt`` of its ``--output-dir`` that have no file (its own resume starts
+    after the highest, so they would stay missing), as a warning; ``None`` if none."""
+    out = option(args, "--output-dir")
+    if not out or not os.path.isdir(out):
+        return None
+    files = data_files(out)
+    start = option(args, "--start-idx")
+    start = int(start) if start and start.isdigit() else 0
+    if not files:
+        return None
+    top = max(files)
+    gaps = [i for i in range(start, top) if i not in files]
+    if not gaps:
+        return None
+    return (f"{out}: {len(gaps)} sample(s) below the highest file data_{top}.pt have no file "
+            f"({_compress(gaps)}); the script resumes after data_{top}.pt, so they stay "
+            "missing. `speculators-compat run --data-parallel 1` with the same arguments "
+            "generates exactly the missing samples")
+
+
 def parse_indices(text: str) -> tuple[int, int]:
     """``A:B`` -> ``(A, B)``, the file indices ``[A, B)``."""
     a, sep, b = text.partition(":")

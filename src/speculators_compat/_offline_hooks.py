@@ -147,8 +147,11 @@ def make_save(original: Callable[..., Any], cfg: dict[str, Any] | None) -> Calla
 
 
 def install_atomic_save(cfg: dict[str, Any] | None = None) -> None:
-    """Wrap ``torch.save`` in this process (idempotent)."""
-    import torch
+    """Wrap ``torch.save`` in this process (idempotent; nothing without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return
 
     if getattr(torch.save, "__wrapped__", None) is not None:
         return

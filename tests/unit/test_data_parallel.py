@@ -287,3 +287,14 @@ def test_launcher_refuses_tensor_parallel_other_than_gpus_per_replica(tmp_path, 
 def test_launcher_refuses_a_missing_script(tmp_path, capsys):
     assert dp.main(str(tmp_path / "nope.py"), [], 2, environ={}) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_plain_run_warns_of_samples_its_resume_skips(tmp_path):
+    for i in (0, 2, 3):
+        torch.save(sample(2, i), tmp_path / f"data_{i}.pt")
+    text = dp.plain_run_gaps(["--output-dir", str(tmp_path)])
+    assert "1 sample(s) below the highest file data_3.pt have no file (1)" in text
+    assert "--data-parallel 1" in text
+    assert dp.plain_run_gaps(["--output-dir", str(tmp_path), "--start-idx", "2"]) is None
+    assert dp.plain_run_gaps(["--output-dir", str(tmp_path / "new")]) is None
+    assert dp.plain_run_gaps([]) is None
