@@ -42,6 +42,6 @@ def legacy_call_shape(base, gen, cfg, adapter):
     assert ("captured_states_list[0]" in src) == base.env.speculators_03
     assert SPECULATORS_LIST_REPLY_METHODS == {"_get_captured_states"}
     with one(base, adapter) as applied:
-        _check_executor_shim(gen, MultiprocExecutor, applied, {"collective_rpc"})
+        _check_executor_shim(gen, MultiprocExecutor, applied, NAME, {"collective_rpc"})
         # vLLM's own executor keeps its convention.
         assert returns_single_result(MultiprocExecutor) is single

@@ -32,7 +32,7 @@ def legacy_call_shape(base, gen, cfg, adapter):
         # 0.11.0: one-phase execute_model, as speculators was written for.
         assert not hasattr(MultiprocExecutor, "sample_tokens")
         with one(base, adapter) as applied:
-            _check_executor_shim(gen, MultiprocExecutor, applied, set())
+            _check_executor_shim(gen, MultiprocExecutor, applied, NAME, set())
         assert not applied
         return
     # Upstream shape this adapter was written for (0.11.1+): two phases.
@@ -44,5 +44,5 @@ def legacy_call_shape(base, gen, cfg, adapter):
     # 0.3.0 never completes a step; 0.4 calls sample_tokens itself.
     assert ("sample_tokens(" in src) == base.env.speculators_04
     with one(base, adapter) as applied:
-        _check_executor_shim(gen, MultiprocExecutor, applied,
+        _check_executor_shim(gen, MultiprocExecutor, applied, NAME,
                              {"execute_model", "sample_tokens"})

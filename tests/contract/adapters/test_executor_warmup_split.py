@@ -43,4 +43,5 @@ def legacy_call_shape(base, gen, cfg, adapter):
     assert "compile_or_warm_up_model" not in inspect.getsource(gen)
     with one(base, adapter) as applied:
         assert applied == split
-        _check_executor_shim(gen, MultiprocExecutor, applied, {"initialize_from_config"})
+        _check_executor_shim(gen, MultiprocExecutor, applied, NAME,
+                             {"initialize_from_config"})

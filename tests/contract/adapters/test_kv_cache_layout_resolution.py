@@ -60,4 +60,5 @@ def legacy_call_shape(base, gen, cfg, adapter):
         assert kv_call(gen.get_kv_cache_config_from_groups, **call).num_blocks > 0
     with one(base, adapter) as applied:
         assert applied == needed
-        _check_executor_shim(gen, MultiprocExecutor, applied, {"__init__"})
+        # its hook runs in GeneratorExecutor.__init__, once vLLM's has started the workers
+        _check_executor_shim(gen, MultiprocExecutor, applied, NAME, set())

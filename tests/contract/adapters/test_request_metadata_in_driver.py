@@ -32,8 +32,7 @@ def test_legacy_call_shape(base, monkeypatch):
     # The call it answers, as speculators 0.4 makes it (once per step).
     assert (f'"{METADATA_RPC}", args=(prefill_metadata,)' in src) == base.env.speculators_04
     with one(base, BY_NAME[NAME]) as applied:
-        _check_executor_shim(gen, MultiprocExecutor, applied,
-                             {"collective_rpc"} if applied else set())
+        _check_executor_shim(gen, MultiprocExecutor, applied, NAME, {"collective_rpc"})
         if not applied:
             return
         sent = []

@@ -42,8 +42,7 @@ def legacy_call_shape(base, gen, cfg, adapter):
     single = returns_single_result(MultiprocExecutor)
     init = gen.VllmHiddenStatesGenerator.__init__
     with one(base, adapter) as applied:
-        _check_executor_shim(gen, MultiprocExecutor, applied,
-                             {"collective_rpc"} if applied else set())
+        _check_executor_shim(gen, MultiprocExecutor, applied, NAME, {"collective_rpc"})
         if applied:
             # Later probes (collective_rpc_unique_reply) still read vLLM's signature and
             # docstring through the shim, and vLLM's own executor is unchanged.

@@ -71,9 +71,8 @@ def test_reply_queue_and_step_shape(base, monkeypatch):
         assert "non_block" in inspect.signature(MultiprocExecutor.collective_rpc).parameters
         assert "futures_queue" in inspect.getsource(MultiprocExecutor.collective_rpc)
     with one(base, BY_NAME[NAME]) as applied:
-        _check_executor_shim(gen, MultiprocExecutor, applied,
-                             {"execute_model", "sample_tokens", "collective_rpc"}
-                             if applied else set())
+        _check_executor_shim(gen, MultiprocExecutor, applied, NAME,
+                             {"execute_model", "sample_tokens", "collective_rpc"})
         if not applied:
             return
         ex, log, replies = _executor(gen, monkeypatch)
