@@ -29,7 +29,9 @@ NAME = re.compile(r"^families-(gpu|cpu)(?:-[a-z0-9]+)?-vllm-([0-9][^-]*)-(\d{4}-
 
 
 def _records(results: Path):
-    """(architecture, vllm, level, speculators, date, ok, why, meta) for every run."""
+    """(architecture, vllm, level, speculators, date, ok, why, meta, file, stand-in) for every
+    run; stand-in: the run replaced FlashInfer's norm kernels by the PyTorch stand-in
+    (``tests/e2e/scripts/standins``), which the page says."""
     for f in sorted(results.glob("families-*.json")):
         m = NAME.match(f.name)
         if not m:
@@ -43,20 +45,23 @@ def _records(results: Path):
             why = None if r.get("ok") else (r.get("why") or r.get("failed_step")
                                             or "hidden states differ from transformers")
             yield (arch, m.group(2), LEVEL[m.group(1)], r["release"], m.group(3),
-                   bool(r.get("ok")), why, meta, f.name)
+                   bool(r.get("ok")), why, meta, f.name, bool(r.get("flashinfer_standin")))
 
 
 def families(results: Path, digest: str | None) -> dict[str, Any]:
     """The ``families`` part of ``_proven.json``."""
     newest: dict[tuple, tuple] = {}
-    for arch, vllm, level, spec, day, ok, why, meta, name in _records(results):
+    for arch, vllm, level, spec, day, ok, why, meta, name, standin in _records(results):
         key = (arch, vllm, level, spec)
         if key not in newest or day >= newest[key][0]:
-            newest[key] = (day, ok, why, meta, name)
+            newest[key] = (day, ok, why, meta, name, standin)
     out: dict[str, Any] = {}
-    for (arch, vllm, level, spec), (day, ok, why, meta, _name) in sorted(newest.items()):
+    for (arch, vllm, level, spec), (day, ok, why, meta, _name, standin) in sorted(
+            newest.items()):
         entry = out.setdefault(arch, {}).setdefault(vllm, {}).setdefault(
             level, {"passed": [], "failed": {}, "recorded": day, "current": True})
+        if standin:
+            entry["flashinfer_standin"] = True
         if ok:
             entry["passed"].append(spec)
         else:
@@ -116,10 +121,16 @@ def render_page(results: Path, digest: str | None) -> str:
                 text.append(f"**fail** {spec}")
                 notes.append(f"- {arch}, {'GPU' if level == 'gpu' else 'CPU'} vLLM {vllm}, "
                              f"speculators {spec}: {why}")
+            if e.get("flashinfer_standin"):
+                notes.append(f"- {arch}, {'GPU' if level == 'gpu' else 'CPU'} vLLM {vllm}: "
+                             "FlashInfer's two Gemma-norm kernels replaced by a PyTorch "
+                             "stand-in (`tests/e2e/scripts/standins`: the project's GPU kit "
+                             "has no FlashInfer); the check is of the shim, not FlashInfer")
             age = "" if e["current"] else " (earlier adapter code)"
             cells.append("; ".join(text) + f" ({e['recorded']}){age}")
         lines.append(f"| `{arch}` | " + " | ".join(cells) + " |")
-    lines += ["", "Failures and runs that could not start, with the recorded reason:", ""]
+    lines += ["", "Failures, runs that could not start (with the recorded reason), and runs with "
+              "a stand-in kernel:", ""]
     lines += sorted(set(notes)) or ["- none"]
     lines += ["", "Raw records: "
               + ", ".join(f"[`{f.name}`](results/{f.name})"

@@ -27,7 +27,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from . import _env, _versions
+from . import _batch_invariant, _env, _versions
 from ._adapter import Adapter, Context, Phase, Stage
 from ._errors import CompatError, UnsupportedError
 from ._patcher import Patcher
@@ -100,6 +100,9 @@ class Activation:
                     results.append(res)
                 self._patcher.setenv(_env.ACTIVE, "1")
                 self._pass_on(selected, strict)
+                if _batch_invariant.requested():
+                    logger.info("speculators-compat: batch-invariant kernels on: %s",
+                                _batch_invariant.enable(self._patcher))
                 if self._on_activate is not None:
                     self._on_activate(self._patcher, process)
             except BaseException:

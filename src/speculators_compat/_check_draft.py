@@ -5,9 +5,12 @@ Why: vLLM never says. A draft config without ``eagle_aux_hidden_state_layer_ids`
 served with vLLM's default ids ``(2, n//2, n-3)``, the outputs of layers ``1, n//2-1,
 n-4``; a draft trained on speculators 0.3/0.4's default capture (layers ``2, n//2, n-3``)
 then runs one layer off with no error (:mod:`speculators_compat._draft_layers`). This
-reads the draft's ``config.json`` the way vLLM does, the target's layer count from the
-verifier it names (or ``--target``), and the data folder's layer metadata
-(``--data``), and says what vLLM will feed. No torch, transformers or vLLM import: where
+reads the draft's ``config.json`` the way vLLM 0.34 does (the keys of
+``get_eagle3_aux_layers_from_config``, in its order; each id once, in layer order), the
+target's layer count as vLLM counts it (a wrapper's ``text_config``, Nemotron-H's layer
+pattern) from the verifier the draft names (or ``--target``), and the data folder's layer
+metadata (``--data``), and says what vLLM will feed, including ids the target's vLLM
+model never captures. No torch, transformers or vLLM import: where
 vLLM is installed, its speculators-format loader is read as text to learn whether it
 passes the draft's layer ids on at all (vLLM 0.11's does not: it feeds every EAGLE-3
 draft its default layers).
@@ -54,19 +57,20 @@ def vllm_reads_named_layers(vllm_dir: str | None = None) -> bool | None:
         return None
 
 
-def _target_layers(config: dict[str, Any], target: str | None,
-                   data: dl.DataLayers | None) -> tuple[int | None, str | None]:
-    """The target's decoder layer count and where it was read."""
+def _target_layers(config: dict[str, Any], target: str | None, data: dl.DataLayers | None
+                   ) -> tuple[int | None, str | None, str | None]:
+    """The target's decoder layer count as vLLM counts it (:func:`~speculators_compat.
+    _draft_layers.layer_count`), where it was read, and the target's architecture."""
     if target is not None and target.isdigit():
-        return int(target), "--target"
+        return int(target), "--target", None
     for where in (target, dl.verifier_of(config), data.model if data else None):
-        if where:
-            n = dl.num_hidden_layers(where)
-            if n is not None:
-                return n, os.path.join(where, "config.json")
+        model = dl.read_model_config(where) if where else None
+        n = dl.layer_count(model) if model is not None else None
+        if n is not None:
+            return n, os.path.join(where, "config.json"), dl.architecture_of(model)
     if data is not None and data.num_hidden_layers is not None:
-        return data.num_hidden_layers, data.source
-    return None, None
+        return data.num_hidden_layers, data.source, None
+    return None, None, None
 
 
 def check(draft: str, data: str | None = None, target: str | None = None) -> dict[str, Any]:
@@ -89,16 +93,26 @@ def check(draft: str, data: str | None = None, target: str | None = None) -> dic
         folder = data if os.path.isdir(data) else os.path.dirname(os.path.abspath(data))
         lookup = dl.for_dirs([folder])
     trained = lookup.layers if lookup is not None else None
-    named = dl.named_layers(config)
+    found = dl.named_in(config)
+    named, named_from = found if found else (None, None)
+    legacy = dl.legacy_named_layers(config)
     reads_named = vllm_reads_named_layers()
-    n, n_from = _target_layers(config, target, trained)
-    feeds = (named if reads_named is not False else None) or (
-        dl.vllm_default(n) if n is not None else None)
+    n, n_from, arch = _target_layers(config, target, trained)
+    default = dl.vllm_default(n) if n is not None else None
+    # vLLM takes each id once, in layer order (_set_aux_hidden_state_layers), its default's
+    # too: (2, n//2, n-3) of a 6-layer target is fed as [2, 3]
+    feeds = dl.fed(named) if named and reads_named is not False else (
+        dl.fed(default) if default else None)
+    missing, missing_why = dl.uncaptured(feeds, n, arch) if feeds and n else ([], None)
     result: dict[str, Any] = {
         "draft": draft, "config": path, "named": list(named) if named else None,
+        "named_from": named_from,
+        "eagle_config_ids_not_read": list(legacy) if legacy else None,
         "vllm_reads_named": reads_named,
-        "num_hidden_layers": n, "num_hidden_layers_from": n_from,
+        "num_hidden_layers": n, "num_hidden_layers_from": n_from, "architecture": arch,
+        "vllm_default": list(default) if default else None,
         "vllm_feeds": list(feeds) if feeds else None,
+        "uncaptured": missing or None, "uncaptured_why": missing_why,
         "vllm_feeds_outputs_of": list(dl.speculators_ids(feeds)) if feeds else None,
         "data": data, "data_reason": lookup.reason if lookup is not None else None,
         "trained_on": list(trained.aux) if trained else None,
@@ -106,12 +120,13 @@ def check(draft: str, data: str | None = None, target: str | None = None) -> dic
         "expected": list(trained.vllm_aux_ids) if trained else None,
     }
     if trained is not None and feeds is not None:
-        match = tuple(feeds) == trained.vllm_aux_ids
+        match = tuple(feeds) == trained.vllm_aux_ids and not missing
         result.update(status="match" if match else "mismatch", exit=OK if match else MISMATCH)
     elif trained is not None:
         result.update(status="unknown", exit=MISMATCH)  # names none, target size unknown
     elif named and reads_named is not False:
-        result.update(status="named", exit=OK)
+        result.update(status="uncaptured" if missing else "named",
+                      exit=MISMATCH if missing else OK)
     else:
         result.update(status="default", exit=MISMATCH)
     return result
@@ -129,15 +144,30 @@ def lines(r: dict[str, Any]) -> list[str]:
                    + (f", {r['vllm_feeds']}: the outputs of target layers "
                       f"{r['vllm_feeds_outputs_of']}" if r["vllm_feeds"] else ""))
     elif r["named"]:
-        out.append(f"vLLM feeds auxiliary hidden states {r['named']} (named in config.json): "
-                   f"the outputs of target layers {r['vllm_feeds_outputs_of']}")
+        where = r.get("named_from") or dl.FIELD
+        how = "" if where == dl.FIELD and r["named"] == r["vllm_feeds"] else (
+            f" as {where}: {r['named']}; each id once, in layer order")
+        out.append(f"vLLM feeds auxiliary hidden states {r['vllm_feeds']} (named in "
+                   f"config.json{how}): the outputs of target layers "
+                   f"{r['vllm_feeds_outputs_of']}")
     elif r["vllm_feeds"]:
+        raw = r.get("vllm_default") or r["vllm_feeds"]
+        rule = "(2, n//2, n-3)" if raw == r["vllm_feeds"] else (
+            f"((2, n//2, n-3) = {raw}, each id once)")
         out.append(f"config.json names no {dl.FIELD}: vLLM feeds its default for a "
-                   f"{r['num_hidden_layers']}-layer target, {r['vllm_feeds']} (2, n//2, n-3): "
+                   f"{r['num_hidden_layers']}-layer target, {r['vllm_feeds']} {rule}: "
                    f"the outputs of target layers {r['vllm_feeds_outputs_of']}")
     else:
         out.append(f"config.json names no {dl.FIELD}: vLLM feeds its default (2, n//2, n-3); "
                    "the target's layer count is unknown (pass --target MODEL_DIR or N)")
+    if r.get("eagle_config_ids_not_read"):
+        out.append(f"note: eagle_config.{dl.FIELD}={r['eagle_config_ids_not_read']} is read by "
+                   f"vLLM 0.32's V1 model runner only; vLLM 0.34 feeds the default instead "
+                   f"(name the ids at the top level as {dl.FIELD})")
+    if r.get("uncaptured"):
+        out.append(f"vLLM captures nothing for aux ids {r['uncaptured']} of this target "
+                   f"({r['uncaptured_why']}): the draft gets fewer hidden states than it was "
+                   "built for")
     if r["data"] is not None:
         if r["trained_on"] is not None:
             out.append(f"training data: {r['data_reason']}: the draft learned from the outputs "
@@ -155,6 +185,8 @@ def lines(r: dict[str, Any]) -> list[str]:
         "unknown": f"UNCONFIRMED: the target's layer count is unknown; {fix}",
         "named": "OK: the config names its layers (pass --data DIR to compare them with the "
                  "training data)",
+        "uncaptured": f"MISMATCH: the config names layers vLLM does not capture for this "
+                      f"target; {fix}",
         "default": "UNCONFIRMED: the draft relies on vLLM's default layers; a draft trained on "
                    "speculators 0.3/0.4's default capture (layers 2, n//2, n-3) is then fed "
                    f"the layers one below; {fix}",

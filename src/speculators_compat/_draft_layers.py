@@ -8,10 +8,19 @@ the last to the draft and predicts the target's tokens from the last
 (``train/data.py``, ``standardize_data_v1``). vLLM's EAGLE-3 serving numbers its
 auxiliary hidden states by the layer whose *input* they are: id ``k`` is the output of
 layer ``k - 1`` (``_maybe_add_hidden_state(aux, idx + 1, ...)`` after layer ``idx`` in
-``vllm/model_executor/models/llama.py``; taken before layer ``idx`` in older releases);
-it reads them from the draft config's ``eagle_aux_hidden_state_layer_ids`` and otherwise
-uses ``(2, n//2, n-3)`` (``get_eagle3_default_aux_hidden_state_layers``). So a draft
-trained on speculators' layer ``k`` must be served with vLLM id ``k + 1``.
+``vllm/model_executor/models/llama.py``; taken before layer ``idx`` in older releases and
+in vLLM 0.34's DeepSeek-V2/V3/V3.2 and GLM-5 models, the same stream for ``0 < k < n``);
+it reads them from the draft config (:func:`named_layers`) and otherwise uses
+``(2, n//2, n-3)`` with ``n`` the language model's decoder layer count
+(``get_eagle3_default_aux_hidden_state_layers``, :func:`layer_count`). So a draft trained
+on speculators' layer ``k`` must be served with vLLM id ``k + 1``.
+
+Order: both sides use each layer once, in layer order. speculators' worker (and the
+shim's capture) walk the layers and keep those whose id is in the set asked for, so the
+samples hold ``sorted(set(layer_ids))`` whatever order the ids were given in
+(:func:`captured`); vLLM keeps ``tuple(sorted(set(ids)))`` (``EagleModelMixin.
+_set_aux_hidden_state_layers``; DeepSeek's and Qwen3.5's own ``set_aux_hidden_state_layers``
+keep the tuple but collect by membership while walking the layers, the same result).
 
 This module holds that mapping, the files the layers of a data directory are read from
 (speculators' own ``data_config.json``, and :data:`LAYERS_FILE`, which the shim writes
@@ -43,6 +52,18 @@ CAPTURED = ("output of decoder layer k (hidden_states + residual after the layer
             "the final norm); vLLM's EAGLE-3 id for it is k + 1")
 #: Metadata files larger than this are not layer metadata (never parsed).
 MAX_METADATA_BYTES = 1 << 20
+
+
+def captured(layer_ids: Iterable[int]) -> tuple[int, ...]:
+    """The layers speculators' generator stores for ``layer_ids``, in the samples' order:
+    each once, ascending (its worker tests membership while walking the layers)."""
+    return tuple(sorted({int(k) for k in layer_ids}))
+
+
+def fed(aux_ids: Iterable[int]) -> tuple[int, ...]:
+    """The auxiliary ids vLLM captures for ``aux_ids``, in the order the draft receives
+    them: each once, ascending (``_set_aux_hidden_state_layers``: ``sorted(set(...))``)."""
+    return tuple(sorted({int(k) for k in aux_ids}))
 
 
 def vllm_ids(layer_ids: Iterable[int]) -> tuple[int, ...]:
@@ -80,14 +101,20 @@ class DataLayers:
     model: str | None = None
 
     @property
+    def captured(self) -> tuple[int, ...]:
+        """The layers in the samples, in their order (:func:`captured`)."""
+        return captured(self.layer_ids)
+
+    @property
     def aux(self) -> tuple[int, ...]:
-        """The draft's inputs (``standardize_data_v1``: every layer but the last)."""
-        return self.layer_ids[:-1]
+        """The draft's inputs (``standardize_data_v1``: every captured layer but the last,
+        in layer order whatever order ``layer_ids`` was given in)."""
+        return self.captured[:-1]
 
     @property
     def target(self) -> int:
-        """The layer the draft's training targets are computed from."""
-        return self.layer_ids[-1]
+        """The layer the draft's training targets are computed from (the highest)."""
+        return self.captured[-1]
 
     @property
     def vllm_aux_ids(self) -> tuple[int, ...]:
@@ -108,10 +135,11 @@ def generator_record(model: str | None, layer_ids: Sequence[int],
                      num_hidden_layers: int | None) -> dict[str, Any]:
     """What is recorded about one generator (the report's ``data`` section, :data:`LAYERS_FILE`)."""
     ids = [int(k) for k in layer_ids]
+    held = list(captured(ids))
     return {"model": None if model is None else str(model), "num_hidden_layers": num_hidden_layers,
-            "layer_ids": ids, "captured": CAPTURED, "draft_inputs": ids[:-1],
-            "target_layer": ids[-1] if ids else None,
-            FIELD: list(vllm_ids(ids[:-1])), "pid": os.getpid(),
+            "layer_ids": ids, "captured": CAPTURED, "draft_inputs": held[:-1],
+            "target_layer": held[-1] if held else None,
+            FIELD: list(vllm_ids(held[:-1])), "pid": os.getpid(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
@@ -176,7 +204,7 @@ def for_dirs(dirs: Iterable[str | os.PathLike[str]]) -> Lookup:
     if not found:
         return Lookup(None, f"no {LAYERS_FILE} or {DATA_CONFIG_FILE} with layer ids in "
                             f"{where}", dirs)
-    distinct = sorted({dl.layer_ids for dl in found})
+    distinct = sorted({dl.captured for dl in found})  # the same samples, however ordered
     if len(distinct) > 1:
         said = "; ".join(f"{dl.source}: {list(dl.layer_ids)}" for dl in found)
         return Lookup(None, f"the metadata disagree on the layers ({said})", dirs)
@@ -188,16 +216,85 @@ def for_dirs(dirs: Iterable[str | os.PathLike[str]]) -> Lookup:
 # A saved draft: what vLLM will read from it
 # --------------------------------------------------------------------------------------
 
+#: The draft config's sections whose ``layer_ids`` vLLM 0.34 reads last, in this order.
+_DRAFTER_SECTIONS = ("dflash_config", "eagle_config")
+
+
+def draft_hf_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The draft config as vLLM's model runner sees it. A speculators-format config
+    (``speculators_model_type``) becomes its ``transformer_layer_config`` plus the top-level
+    :data:`FIELD` when that is set (``SpeculatorsConfig.extract_transformers_pre_trained_config``
+    and ``update_eagle3``, ``vllm/transformers_utils/configs/speculators/``): its other
+    top-level keys (an ``eagle_config`` too) never reach the runner. Other EAGLE-3
+    checkpoints are read as they are."""
+    if "speculators_model_type" not in config:
+        return config
+    layer = config.get("transformer_layer_config")
+    hf = dict(layer) if isinstance(layer, dict) else {}
+    if config.get(FIELD):
+        hf[FIELD] = config[FIELD]
+    return hf
+
+
+def _shifted(ids: Any) -> list[int]:
+    return [int(k) + 1 for k in ids] if isinstance(ids, (list, tuple)) else []
+
+
+def named_in(config: dict[str, Any]) -> tuple[tuple[int, ...], str] | None:
+    """The auxiliary ids a draft config names and the key they were read from, as vLLM
+    0.34's ``get_eagle3_aux_layers_from_config`` (``v1/worker/gpu/spec_decode/eagle/
+    eagle3_utils.py``) reads them from :func:`draft_hf_config`: the first non-empty of
+    :data:`FIELD`; ``dflash_config.target_layer_ids`` + 1; ``dspark_target_layer_ids`` (+ 1,
+    as they are for ``model_type`` deepseek_v41); ``target_layer_ids`` + 1;
+    ``dflash_config.layer_ids``; ``eagle_config.layer_ids``. ``eagle_config.`` :data:`FIELD`
+    is not among them (vLLM 0.32's V1 model runner read it: :func:`legacy_named_layers`)."""
+    hf = draft_hf_config(config)
+    steps: list[tuple[str, Any]] = [(FIELD, lambda: hf.get(FIELD))]
+    dflash = hf.get("dflash_config")
+    if isinstance(dflash, dict):
+        steps.append(("dflash_config.target_layer_ids (+ 1)",
+                      lambda: _shifted(dflash.get("target_layer_ids") or [])))
+    dspark = hf.get("dspark_target_layer_ids")
+    if hf.get("model_type") == "deepseek_v41":
+        steps.append(("dspark_target_layer_ids", lambda: dspark))
+    else:
+        steps.append(("dspark_target_layer_ids (+ 1)", lambda: _shifted(dspark or [])))
+    steps.append(("target_layer_ids (+ 1)", lambda: _shifted(hf.get("target_layer_ids") or [])))
+    for name in _DRAFTER_SECTIONS:
+        section = hf.get(name)
+        if isinstance(section, dict) and section:
+            steps.append((f"{name}.layer_ids", lambda section=section: section.get("layer_ids")))
+    for where, read in steps:
+        ids = read()
+        if ids:  # the first truthy value ends the search, as in vLLM
+            if isinstance(ids, (list, tuple)) and all(
+                    isinstance(k, int) and not isinstance(k, bool) for k in ids):
+                return tuple(int(k) for k in ids), where
+            return None
+    return None
+
 
 def named_layers(config: dict[str, Any]) -> tuple[int, ...] | None:
-    """The auxiliary ids a draft config names where vLLM looks for them (speculators
-    format: top level; EAGLE-3 checkpoints of other trainers: also ``eagle_config``)."""
-    ids = config.get(FIELD)
-    if not ids and isinstance(config.get("eagle_config"), dict):
-        ids = config["eagle_config"].get(FIELD)
-    if not ids:
+    """The auxiliary ids a draft config names where vLLM 0.34 looks for them
+    (:func:`named_in`), in the config's order; vLLM feeds :func:`fed` of them."""
+    found = named_in(config)
+    return found[0] if found else None
+
+
+def legacy_named_layers(config: dict[str, Any]) -> tuple[int, ...] | None:
+    """``eagle_config.eagle_aux_hidden_state_layer_ids`` of a draft whose config names no
+    ids where vLLM 0.34 reads them. vLLM 0.32's V1 model runner
+    (``GPUModelRunner._get_eagle3_aux_layers_from_config``) used these; 0.34 feeds its
+    default instead, while its Llama/DeepSeek EAGLE-3 drafts still size their input
+    projection from the list's length."""
+    if named_in(config) is not None:
         return None
-    return tuple(int(k) for k in ids)
+    section = draft_hf_config(config).get("eagle_config")
+    ids = section.get(FIELD) if isinstance(section, dict) else None
+    if isinstance(ids, list) and ids and all(
+            isinstance(k, int) and not isinstance(k, bool) for k in ids):
+        return tuple(ids)
+    return None
 
 
 def verifier_of(config: dict[str, Any]) -> str | None:
@@ -208,14 +305,91 @@ def verifier_of(config: dict[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def num_hidden_layers(model: str | os.PathLike[str]) -> int | None:
-    """The decoder layer count in a local model directory's ``config.json`` (text config
-    of multimodal models too); ``None`` when there is no such local file."""
+# --------------------------------------------------------------------------------------
+# The target: how many layers vLLM's default counts, which ids its model captures
+# --------------------------------------------------------------------------------------
+
+#: Where transformers (``PretrainedConfig.get_text_config``), and so vLLM
+#: (``get_hf_text_config``), finds the language model's config inside a composite one
+#: (``...ForConditionalGeneration``: Qwen3.5, Gemma 4, Kimi-K3).
+TEXT_CONFIG_KEYS = ("text_encoder", "decoder", "generator", "text_config")
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's section of a model's ``config.json`` (itself for text models)."""
+    found = [config[k] for k in TEXT_CONFIG_KEYS if isinstance(config.get(k), dict)]
+    return found[0] if len(found) == 1 else config
+
+
+def layer_count(config: dict[str, Any]) -> int | None:
+    """The decoder layer count ``n`` of vLLM's default ``(2, n//2, n-3)``: ``len(layers)``
+    of the language model, which is built from its text config's ``num_hidden_layers``
+    (wrappers: the text config's, never a top-level value), except Nemotron-H, which builds
+    one layer per character of ``hybrid_override_pattern`` (``nemotron_h.py``). transformers
+    5's ``NemotronHConfig`` (which vLLM 0.34 loads) takes ``layers_block_type`` first, else
+    the pattern, derives ``num_hidden_layers`` from it and ignores a stale value; the pattern
+    vLLM reads is then rebuilt from that list. ``None`` when the config does not say."""
+    text = text_config(config)
+    blocks = text.get("layers_block_type")
+    if text.get("model_type") == "nemotron_h" and isinstance(blocks, list) and blocks:
+        return len(blocks)
+    pattern = text.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        return len(pattern)
+    n = text.get("num_hidden_layers")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def read_model_config(model: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """A local model directory's ``config.json``; ``None`` when there is no such file."""
     path = os.path.join(os.fspath(model), "config.json")
     doc = _load(path) if os.path.isfile(path) else None
-    if not isinstance(doc, dict):
-        return None
-    for cfg in (doc, doc.get("text_config")):
-        if isinstance(cfg, dict) and isinstance(cfg.get("num_hidden_layers"), int):
-            return cfg["num_hidden_layers"]
-    return None
+    return doc if isinstance(doc, dict) else None
+
+
+def num_hidden_layers(model: str | os.PathLike[str]) -> int | None:
+    """:func:`layer_count` of a local model directory's ``config.json``; ``None`` when
+    there is no such local file or it does not say."""
+    doc = read_model_config(model)
+    return layer_count(doc) if doc is not None else None
+
+
+def architecture_of(config: dict[str, Any]) -> str | None:
+    """The first of a model config's ``architectures`` (the class vLLM builds)."""
+    archs = config.get("architectures")
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+
+
+#: Target classes of vLLM 0.34 that capture fewer ids than ``0..n`` (every other model that
+#: supports EAGLE-3 captures the embeddings as id 0 and the output of layer ``k - 1`` as id
+#: ``k``, up to ``n``): (lowest id, highest id as an offset from ``n``, why). Ids ``1..n-1``,
+#: all that speculators' data can name (its last captured layer is the target's), are
+#: captured by all of them.
+_NARROWER: dict[str, tuple[int, int, str]] = {
+    **dict.fromkeys(
+        ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"),
+        (1, 0, "vLLM's DeepSeek-V2/V3 model adds the residual before layer k and has none "
+               "before layer 0 (id 0 fails)")),
+    **dict.fromkeys(
+        ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"),
+        (1, -1, "vLLM 0.34's sparse-MLA model (vllm/models/deepseek_v32) captures before each "
+                "layer, so on CUDA id n is never captured, and elsewhere the DeepSeek-V2 model "
+                "serving it fails on id 0")),
+    **dict.fromkeys(
+        ("DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration"),
+        (1, 0, "vLLM's DeepSeek-V4 captures after each layer only (the mean of its "
+               "hyper-connection streams), never the embeddings (id 0)")),
+}
+
+
+def uncaptured(aux_ids: Iterable[int], n: int,
+               architecture: str | None = None) -> tuple[list[int], str | None]:
+    """The ids of ``aux_ids`` that vLLM's model of ``architecture`` with ``n`` layers
+    captures nothing for (the draft then gets fewer states than it was built for), and why."""
+    lo, hi, why = _NARROWER.get(architecture or "", (0, 0, None))
+    bad = [k for k in fed(aux_ids) if not lo <= k <= n + hi]
+    if not bad:
+        return [], None
+    if why is None or all(k < 0 or k > n for k in bad):
+        why = f"a {n}-layer target has aux ids 0..{n} only (id k = output of layer k - 1)"
+    return bad, why

@@ -15,6 +15,9 @@ ONLY = "SPECULATORS_COMPAT_ONLY"
 #: Version to assume for vLLM when the installed distribution's metadata is wrong or
 #: missing (source builds, ``pip install -e``). Probes still decide what applies.
 VLLM_VERSION = "SPECULATORS_COMPAT_VLLM_VERSION"
+#: ``1``: run vLLM's batch-invariant kernels (``_batch_invariant``), refused where the
+#: installed vLLM or the platform has none.
+BATCH_INVARIANT = "SPECULATORS_COMPAT_BATCH_INVARIANT"
 #: Path of a JSON file the report is written to after activation (provenance).
 REPORT_FILE = "SPECULATORS_COMPAT_REPORT_FILE"
 

@@ -53,7 +53,8 @@ MAX_MODEL_LEN = 512
 IGNORED_KEYS = frozenset({"__warningregistry__"})
 
 #: vLLM variables adapters treat as the user's choice; the suite runs without them.
-USER_CHOICES = ("VLLM_WORKER_MULTIPROC_METHOD", "VLLM_USE_V2_MODEL_RUNNER")
+USER_CHOICES = ("VLLM_WORKER_MULTIPROC_METHOD", "VLLM_USE_V2_MODEL_RUNNER",
+                "SPECULATORS_COMPAT_BATCH_INVARIANT", "VLLM_BATCH_INVARIANT")
 
 ADAPTER_NAMES = [a.name for a in ADAPTERS]
 

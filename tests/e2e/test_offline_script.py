@@ -238,7 +238,8 @@ def test_check_draft_confirms_the_saved_draft(offline_run, trained):
 
 def test_check_draft_reports_a_draft_saved_without_layers(offline_run, trained):
     """What speculators saves without the shim (the field null): vLLM would feed its
-    default for the 6-layer target, (2, 3, 3), not the layers the draft learned from."""
+    default for the 6-layer target, (2, 3, 3) taken once each, not the layers the draft
+    learned from."""
     tmp = offline_run["tmp"]
     bare = tmp / "bare-draft"
     shutil.copytree(tmp / "train" / "draft", bare)
@@ -247,7 +248,8 @@ def test_check_draft_reports_a_draft_saved_without_layers(offline_run, trained):
     (bare / "config.json").write_text(json.dumps(config))
     rc, output = check_draft(bare, offline_run["out"], offline_run["env"], tmp)
     assert rc == 1, output
-    assert "vLLM feeds its default for a 6-layer target, [2, 3, 3]" in output
+    assert "vLLM feeds its default for a 6-layer target, [2, 3] ((2, n//2, n-3) = [2, 3, 3]" \
+        in output
     assert 'MISMATCH' in output and f'"{FIELD}": {VLLM_AUX}' in output
 
 

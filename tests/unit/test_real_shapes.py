@@ -20,7 +20,8 @@ def test_published_dims_kept_only_layers_and_experts_reduced():
         cfg = rs.text_config(name)
         assert cfg["num_hidden_layers"] == spec["layers"]
         for key in ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size"):
-            assert cfg[key] == spec["text"][key], (name, key)
+            if key in spec["text"]:  # Qwen3.5 MoE has no dense MLP
+                assert cfg[key] == spec["text"][key], (name, key)
         assert max(spec["capture"]) < spec["layers"]
     kimi = rs.text_config("kimi_k25")
     assert (kimi["q_lora_rank"], kimi["kv_lora_rank"], kimi["qk_rope_head_dim"]) == (1536, 512, 64)
@@ -32,6 +33,32 @@ def test_published_dims_kept_only_layers_and_experts_reduced():
     for name, spec in rs.MODELS.items():
         if "native" in spec["oracle"].split("+"):
             assert max(spec["capture"]) < spec["layers"] - 1, name
+
+
+def test_hybrid_models_keep_published_patterns_and_select_every_expert():
+    qwen = rs.text_config("qwen3_5_moe")
+    assert qwen["layer_types"] == (["linear_attention"] * 3 + ["full_attention"]) * 2
+    assert (qwen["linear_num_key_heads"], qwen["linear_num_value_heads"], qwen["head_dim"]) == (
+        16, 32, 256)
+    # top-8 as published, of 8 experts: routing cannot flip between vLLM and transformers
+    assert qwen["num_experts"] == qwen["num_experts_per_tok"] == 8
+    assert "mrope_section" not in qwen["rope_parameters"]
+    dsa = rs.text_config("deepseek_v32")
+    assert (dsa["index_n_heads"], dsa["index_head_dim"], dsa["index_topk"]) == (64, 128, 2048)
+    assert (dsa["kv_lora_rank"], dsa["q_lora_rank"], dsa["first_k_dense_replace"]) == (
+        512, 1536, 3)
+    assert dsa["n_routed_experts"] == dsa["num_experts_per_tok"] == 8
+    assert dsa["n_group"] == dsa["topk_group"] == 1
+    gemma = rs.text_config("gemma4")
+    assert gemma["layer_types"] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert (gemma["head_dim"], gemma["global_head_dim"], gemma["sliding_window"]) == (
+        256, 512, 1024)
+    # the hybrid models have transformers as their only oracle
+    for name in ("qwen3_5_moe", "deepseek_v32", "gemma4"):
+        assert rs.MODELS[name]["oracle"] == "transformers"
+        tiny = rs.text_config(name, tiny=True)
+        assert tiny["layer_types" if name != "deepseek_v32" else "num_hidden_layers"]
+        assert tiny["hidden_size"] == 256 and tiny["vocab_size"] == 1024
 
 
 def test_block_fp8_round_trip_and_layout():

@@ -10,7 +10,8 @@ hidden states by the layer whose input they are (id ``k`` = output of layer ``k 
 ``_maybe_add_hidden_state(aux, idx + 1, ...)`` after layer ``idx`` in
 ``vllm/model_executor/models/llama.py``, 0.32 and 0.34; before layer ``idx`` in 0.16), takes
 them from the draft config's ``eagle_aux_hidden_state_layer_ids`` and otherwise uses
-``(2, n//2, n-3)`` (``get_eagle3_default_aux_hidden_state_layers``).
+``(2, n//2, n-3)`` (``get_eagle3_default_aux_hidden_state_layers``), ``n`` the language
+model's layer count; both sides use each layer once, in layer order.
 speculators 0.3/0.4's ``Eagle3SpeculatorConfig`` leaves that field ``None`` (``scripts/train.py``
 and 0.4's ``Eagle3DraftModel.from_training_args`` never set it), so a draft trained on
 the default layers is fed the outputs of layers ``1, n//2-1, n-4``.
@@ -76,9 +77,19 @@ def _warn(message: str) -> None:
 
 
 def _num_layers(generator: Any) -> int | None:
+    """The target's layer count as vLLM's EAGLE-3 default counts it (the text config of a
+    wrapper, Nemotron-H's pattern: :func:`speculators_compat._draft_layers.layer_count`)."""
     model_config = getattr(getattr(generator, "vllm_config", None), "model_config", None)
     hf = getattr(model_config, "hf_config", None)
-    for cfg in (hf, getattr(hf, "text_config", None)):
+    to_dict = getattr(hf, "to_dict", None)
+    if callable(to_dict):
+        try:
+            n = _draft_layers.layer_count(to_dict())
+        except Exception:  # a config that cannot be serialised: read its attributes below
+            n = None
+        if n is not None:
+            return n
+    for cfg in (getattr(hf, "text_config", None), hf):
         n = getattr(cfg, "num_hidden_layers", None)
         if isinstance(n, int):
             return n
@@ -111,7 +122,7 @@ def settle(config: Any, seen: list[Lookup]) -> None:
             setattr(config, FIELD, want)
             logger.info("speculators-compat: the draft's config names %s=%s (speculators' "
                         "layers %s + 1, from %s)", FIELD, want, list(data.aux), data.source)
-        elif [int(k) for k in current] != want:
+        elif _draft_layers.fed(current) != tuple(want):  # vLLM sorts and de-duplicates
             _warn(f"speculators-compat: the draft's config names {FIELD}={list(current)}, "
                   f"but its training data ({data.source}) holds the outputs of layers "
                   f"{list(data.aux)}, which vLLM numbers {want} (speculators' layer k is "

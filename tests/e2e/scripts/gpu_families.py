@@ -34,6 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
+STANDINS = HERE / "standins"
 
 #: family -> (layers, extra generate.py arguments). Layers cover both attention kinds of
 #: each family (linear / sliding / full / sparse); sequences of 70-200 tokens cross the
@@ -82,6 +83,14 @@ def _why(error: str | None) -> str | None:
     return lines[-1][-300:] if lines else None
 
 
+def _needs_flashinfer_standin(family: str) -> bool:
+    """Qwen3.5 on a machine without FlashInfer: vLLM 0.34's Qwen3.5 norm imports
+    ``flashinfer.norm`` unconditionally; ``standins/`` holds a PyTorch stand-in (its README)."""
+    import importlib.util
+
+    return family.startswith("qwen3_5") and importlib.util.find_spec("flashinfer") is None
+
+
 def run_one(family: str, release: str, spec_path: str, a) -> dict:
     layers, extra = PLAN[family]
     out = Path(a.out) / f"{family}-{release}.json"
@@ -97,6 +106,9 @@ def run_one(family: str, release: str, spec_path: str, a) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), spec_path,
                                                     env.get("PYTHONPATH")) if p)
     env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    standin = _needs_flashinfer_standin(family)
+    if standin:
+        env["PYTHONPATH"] = os.pathsep.join((str(STANDINS), env["PYTHONPATH"]))
     t0 = time.time()
     with open(log, "w") as f:
         try:
@@ -107,6 +119,8 @@ def run_one(family: str, release: str, spec_path: str, a) -> dict:
     result = {"family": family, "release": release, "rc": rc,
               "seconds": round(time.time() - t0, 1), "layers": layers,
               **_architecture(Path(a.ckpts) / family)}
+    if standin:
+        result["flashinfer_standin"] = True
     try:
         r = json.loads(out.read_text())
     except (OSError, ValueError):

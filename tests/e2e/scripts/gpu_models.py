@@ -3,6 +3,19 @@
 Models (``real_shapes.MODELS``): Kimi-K2.5 (``KimiK25ForConditionalGeneration``), DeepSeek-V3
 with block-FP8 weights and its bf16 twin, Qwen3-MoE at Qwen3-30B-A3B's shape, GPT-OSS at
 gpt-oss-20b's shape; published dimensions, fewer layers (and experts for DeepSeek/Kimi).
+Hybrid attention: Qwen3.5 MoE (``qwen3_5_moe``: Qwen3.5-35B-A3B's text model, linear + full
+attention), DeepSeek-V3.2 (``deepseek_v32``: sparse MLA with the lightning indexer) and
+Gemma 4 (``gemma4``: Gemma 4 31B's text model, sliding + full attention).
+
+The hybrid models are checked against transformers on the GPU only: no ``native`` /
+``native_matched`` tasks. vLLM's native extraction is no trusted oracle on hybrid models (it
+has returned all-zero hidden states, vllm#46301, and NaN, vllm#45849), so a shim-vs-native
+agreement there would prove nothing and a disagreement would blame nobody. Their routed
+experts are all selected (``real_shapes``) so that the transformers comparison does not hinge
+on near-tied routing. vLLM 0.34's Qwen3.5 model imports ``flashinfer.norm``
+unconditionally; where no FlashInfer is importable (the GPU kit has none) the Qwen3.5 tasks
+get the PyTorch stand-in of ``standins/`` (its README) first on ``PYTHONPATH``, and their
+results say ``"flashinfer_standin": true``.
 
 Tasks, each in a fresh process (results kept in ``--work`` so a second call resumes):
 
@@ -58,6 +71,19 @@ small ``--max-num-batched-tokens`` makes chunked prefill split prompts, so ``nat
     PYTHONPATH=src .envs/vllm-0.32.0/bin/python tests/e2e/scripts/gpu_models.py --tiny \\
         --out /tmp/gm --work /tmp/gm-work --spec 0.4.0.1=.envs/speculators-0.4.0.1 \\
         --models qwen3_moe,deepseek_v3 --max-len 64 --max-num-batched-tokens 160
+
+The hybrid models on the CPU: the same command with ``--models gemma4`` (add ``--spec
+0.3.0=.envs/speculators-0.3.0`` without ``--max-num-batched-tokens``, which 0.3.0 does not
+take). vLLM 0.32's CPU build runs Gemma 4 only: its Qwen3.5 fails inspecting the
+architecture (its processor imports torchvision, absent from the env) and DeepSeek-V3.2
+stops with "Sparse Attention is not supported on CPU"; their ``--tiny`` builds still load
+and run in transformers (5.19 and 5.20.2).
+
+Device, the hybrid models only (see docs/gpu.md, "Real-shape models")::
+
+    bash tools/gpu_models.sh .gpu-kit/parts/kit.part02 -- \\
+        --models qwen3_5_moe,deepseek_v32,gemma4 --deadline 540 --min-start-left 120 \\
+        --parallel 3 --parallel-builds 2 --gpu-mem 0.25
 """
 
 from __future__ import annotations
@@ -75,7 +101,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 BENCH = ROOT / "benchmarks"
-ALL_MODELS = "kimi_k25,deepseek_v3_fp8,deepseek_v3,qwen3_moe,gpt_oss"
+STANDINS = HERE / "standins"
+ALL_MODELS = ("kimi_k25,deepseek_v3_fp8,deepseek_v3,qwen3_moe,gpt_oss,qwen3_5_moe,deepseek_v32,"
+              "gemma4")
 #: What each layer of a correct result measured against its oracle must reach. The default
 #: (``reference.compare``'s) is for bf16 vs bf16; the twin comparison adds FP8 activation
 #: quantization and is set from the observed values (docs/gpu.md).
@@ -603,9 +631,13 @@ def child_main(params_file: str) -> None:
         res = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                "traceback": traceback.format_exc()[-4000:]}
         res["wall_s"] = time.time() - t
+        if p.get("flashinfer_standin"):
+            res["flashinfer_standin"] = True
         _write(Path(p["result"]), res)
         raise
     res["wall_s"] = time.time() - t
+    if p.get("flashinfer_standin"):  # vLLM ran on standins/' flashinfer.norm
+        res["flashinfer_standin"] = True
     _write(Path(p["result"]), res)
 
 
@@ -807,6 +839,15 @@ def _brief(res: dict) -> str:
     return (res.get("error") or "")[:400]
 
 
+def needs_flashinfer_standin(model: str) -> bool:
+    """Qwen3.5 where no FlashInfer is importable: vLLM 0.34's Qwen3.5 norm imports
+    ``flashinfer.norm`` unconditionally, so the engine gets ``standins/`` (a PyTorch
+    stand-in, its README) first on ``PYTHONPATH``."""
+    import importlib.util
+
+    return model.startswith("qwen3_5") and importlib.util.find_spec("flashinfer") is None
+
+
 def _start(a, t: dict, results: dict, work: Path, n_gpus: int, rr: int) -> subprocess.Popen:
     name = t["id"].replace(":", "_")
     res_file = work / "results" / f"{name}.json"
@@ -829,11 +870,15 @@ def _start(a, t: dict, results: dict, work: Path, n_gpus: int, rr: int) -> subpr
          "native_kv_bytes": int(a.native_kv_gib * 2**30) if a.native_kv_gib else None}
     if t["model"] == "deepseek_v3_fp8" and t["kind"] == "gen":
         p["twin"] = str(Path(a.ckpts) / "deepseek_v3")
+    standin = t["kind"] != "build" and needs_flashinfer_standin(t["model"])
+    if standin:
+        p["flashinfer_standin"] = True
     pfile = work / "results" / f"{name}.params.json"
     pfile.write_text(json.dumps(p))
     env = dict(os.environ)
     spec_dir = [t["spec_dir"]] if t.get("spec_dir") else []
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *spec_dir, str(HERE), str(BENCH)]
+    env["PYTHONPATH"] = os.pathsep.join(([str(STANDINS)] if standin else [])
+                                        + [str(ROOT / "src"), *spec_dir, str(HERE), str(BENCH)]
                                         + ([a.site] if a.site else []))
     env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
     env.pop("SPECULATORS_COMPAT_ACTIVE", None)

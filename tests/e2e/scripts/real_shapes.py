@@ -24,6 +24,31 @@ Models (``MODELS``):
 - ``gpt_oss``: gpt-oss-20b's configuration (bf16 weights instead of MXFP4; sliding-window and
   full attention alternating, attention sinks, 32 experts with biases).
 
+Hybrid-attention models (the text models of today's EAGLE-3 targets; checked against
+transformers only, see ``gpu_models.py``):
+
+- ``qwen3_5_moe``: Qwen3.5-35B-A3B's text configuration (``Qwen3_5MoeForCausalLM``), 8 layers
+  in the published 3:1 pattern (gated-delta-net linear attention x 3, gated full attention),
+  every layer MoE with a gated shared expert. 8 routed experts of the published 256, which
+  with the published top-8 selects every expert: with a transformers-only oracle a top-8 of
+  256 random router would flip near-tied experts between vLLM and transformers (Qwen3-MoE's
+  layer 0 reached cosine 0.91 that way, docs/gpu.md) and blame nobody.
+- ``deepseek_v32``: DeepSeek-V3.2's configuration (``DeepseekV32ForCausalLM``): DeepSeek-V3's
+  MLA and MoE plus the DSA lightning indexer at its published shape (64 heads of 128,
+  ``index_topk`` 2048). 4 layers (3 dense, 1 MoE, as published), 8 routed experts in one group,
+  all selected (same reason). ``index_topk`` 2048 is at least every sequence the run uses, so
+  the sparse attention keeps every causal token and transformers' forward stays the oracle
+  whatever the indexer scores.
+- ``gemma4``: Gemma 4 31B's text configuration (``Gemma4ForCausalLM``): 6 layers, 5 sliding
+  (window 1024, head dim 256, 16 KV heads) then 1 full (head dim 512, 4 KV heads sharing K
+  as V), tied embeddings, final soft-capping 30; q/k norm weights tempered as in
+  ``speculators_compat.demo.checkpoints._temper_qk_norms`` (untrained Gemma 4 attention is
+  otherwise nearly one-hot and bf16 rounding alone moves the states).
+
+The tiny (``tiny=True``) versions of these three take their dimensions from the recipes of
+``speculators_compat.demo.checkpoints`` (same kinds), with the layer counts and patterns here.
+DeepSeek-V4 and Kimi-K3 are not built: see docs/gpu.md ("Real-shape models").
+
 Weights: normal(0, initializer_range) for matrices, ones for norm weights, zeros for other
 vectors (routing biases, attention sinks, linear biases), made directly on ``device`` in bf16
 (``speculators_compat.demo.checkpoints``' fast init). Tokenizer: a word-level tokenizer of the
@@ -112,6 +137,58 @@ GPT_OSS_20B: dict[str, Any] = {
     "rope_theta": 150000, "bos_token_id": 199998, "eos_token_id": 200002,
     "pad_token_id": 199999, "num_hidden_layers": 24,
 }
+#: Qwen3.5-35B-A3B text model (Qwen/Qwen3.5-35B-A3B config.json ``text_config``); 40 layers,
+#: 256 experts published. ``mrope_section`` / ``mrope_interleaved`` are left out of
+#: ``rope_parameters``: the text-only ``Qwen3_5MoeForCausalLM`` takes 1-D positions, and for
+#: text the three interleaved M-RoPE sections share one position, which is plain RoPE. The
+#: MTP head (``mtp_num_hidden_layers``) is not built (no causal-LM class loads it).
+QWEN3_5_35B_A3B_TEXT: dict[str, Any] = {
+    "model_type": "qwen3_5_moe_text", "architectures": ["Qwen3_5MoeForCausalLM"],
+    "vocab_size": 248320, "hidden_size": 2048, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "num_experts": 256, "num_experts_per_tok": 8,
+    "attn_output_gate": True, "full_attention_interval": 4, "hidden_act": "silu",
+    "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "initializer_range": 0.02,
+    "tie_word_embeddings": False, "attention_bias": False, "mamba_ssm_dtype": "float32",
+    "bos_token_id": 248044, "eos_token_id": 248044, "num_hidden_layers": 40,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                        "partial_rotary_factor": 0.25},
+}
+#: DeepSeek-V3.2 (deepseek-ai/DeepSeek-V3.2 config.json): DeepSeek-V3's plus the indexer.
+DEEPSEEK_V32: dict[str, Any] = {
+    **DEEPSEEK_V3, "model_type": "deepseek_v32", "architectures": ["DeepseekV32ForCausalLM"],
+    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048,
+}
+#: Gemma 4 31B text model (google/gemma-4-31B config.json ``text_config``); 60 layers
+#: published (5 sliding : 1 full).
+GEMMA4_31B_TEXT: dict[str, Any] = {
+    "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"],
+    "vocab_size": 262144, "hidden_size": 5376, "intermediate_size": 21504,
+    "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 256,
+    "global_head_dim": 512, "num_global_key_value_heads": 4, "attention_k_eq_v": True,
+    "sliding_window": 1024, "final_logit_softcapping": 30.0,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size_per_layer_input": 0,
+    "vocab_size_per_layer_input": 262144, "num_kv_shared_layers": 0,
+    "enable_moe_block": False, "use_double_wide_mlp": False,
+    "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "initializer_range": 0.02,
+    "tie_word_embeddings": True, "attention_bias": False, "bos_token_id": 2,
+    "eos_token_id": 1, "pad_token_id": 0, "num_hidden_layers": 60,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "proportional", "rope_theta": 1000000.0,
+                           "partial_rotary_factor": 0.25},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+}
+#: Each layer's attention kind, by model type, from the layer index and the layer count
+#: (the published patterns: Qwen3.5 every 4th layer full; Gemma 4 every 6th and the last).
+_LAYER_PATTERNS = {
+    "qwen3_5_moe_text": lambda i, n: "full_attention" if (i + 1) % 4 == 0
+    else "linear_attention",
+    "gemma4_text": lambda i, n: "full_attention" if (i + 1) % 6 == 0 or i == n - 1
+    else "sliding_attention",
+    "gpt_oss": lambda i, n: "sliding_attention" if i % 2 == 0 else "full_attention",
+}
 
 #: What each model keeps of the published shape. ``layers``: decoder layers built (published
 #: counts above); ``experts``: routed experts built (None: all); ``capture``: the layer ids
@@ -131,7 +208,23 @@ MODELS: dict[str, dict[str, Any]] = {
                   "oracle": "transformers+native"},
     "gpt_oss": {"text": GPT_OSS_20B, "layers": 4, "experts": None, "capture": [0, 1, 3],
                 "oracle": "transformers"},
+    # Hybrid attention: transformers is the only oracle (gpu_models.py says why). Captured:
+    # linear, full, linear after a full layer, the last (full) layer.
+    "qwen3_5_moe": {"text": QWEN3_5_35B_A3B_TEXT, "layers": 8, "experts": 8,
+                    "capture": [0, 3, 4, 7], "oracle": "transformers"},
+    # dense MLA+indexer, dense, the MoE layer
+    "deepseek_v32": {"text": DEEPSEEK_V32, "layers": 4, "experts": 8, "capture": [0, 2, 3],
+                     "oracle": "transformers"},
+    # sliding, the last sliding, the full layer
+    "gemma4": {"text": GEMMA4_31B_TEXT, "layers": 6, "experts": None, "capture": [0, 4, 5],
+               "oracle": "transformers"},
 }
+#: Models whose routed experts are all selected (``experts`` = the published top-k): the
+#: transformers-only oracle must not depend on near-tied routing (see the module docstring).
+#: DeepSeek-style grouped routing then needs one group (``n_group`` / ``topk_group`` 1).
+_ALL_EXPERTS_SELECTED = ("qwen3_5_moe", "deepseek_v32")
+#: Models whose tiny dimensions come from ``speculators_compat.demo.checkpoints``' recipes.
+_TINY_FROM_RECIPE = ("qwen3_5_moe", "deepseek_v32", "gemma4")
 
 #: CPU-test dimensions (same structure; vLLM's CPU attention needs head sizes 64/128, MLA
 #: kv_lora_rank 512 + rope 64).
@@ -170,6 +263,8 @@ def text_config(name: str, tiny: bool = False) -> dict[str, Any]:
     cfg = copy.deepcopy(spec["text"])
     cfg["num_hidden_layers"] = spec["layers"]
     n_exp = _TINY_EXPERTS if tiny else spec["experts"]
+    if name in _TINY_FROM_RECIPE:
+        return _hybrid_text_config(name, cfg, n_exp, tiny)
     if cfg["model_type"] == "deepseek_v3":
         if n_exp:
             cfg["n_routed_experts"] = n_exp
@@ -184,8 +279,45 @@ def text_config(name: str, tiny: bool = False) -> dict[str, Any]:
         if cfg["model_type"] == "gpt_oss":
             cfg["num_experts_per_tok"] = cfg["experts_per_token"] = cfg["num_local_experts"]
     if cfg["model_type"] == "gpt_oss":
-        cfg["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention"
-                              for i in range(cfg["num_hidden_layers"])]
+        cfg["layer_types"] = _layer_types(cfg)
+    return _rope_parameters(cfg)
+
+
+def _layer_types(cfg: dict[str, Any]) -> list[str]:
+    n = cfg["num_hidden_layers"]
+    return [_LAYER_PATTERNS[cfg["model_type"]](i, n) for i in range(n)]
+
+
+def _hybrid_text_config(name: str, cfg: dict[str, Any], n_exp: int | None,
+                        tiny: bool) -> dict[str, Any]:
+    """``qwen3_5_moe`` / ``deepseek_v32`` / ``gemma4``: published values (``tiny``: the
+    demo recipe's dimensions over them), the built layer count with the published attention
+    pattern, ``n_exp`` routed experts all selected where :data:`_ALL_EXPERTS_SELECTED`."""
+    if tiny:
+        from speculators_compat.demo.checkpoints import _RECIPES
+
+        layers = cfg["num_hidden_layers"]
+        recipe = {k: v for k, v in _RECIPES[name].items()
+                  if k not in ("model_type", "layer_types", "num_hidden_layers")}
+        cfg.update(recipe, vocab_size=1024, max_position_embeddings=4096, bos_token_id=0,
+                   eos_token_id=1, pad_token_id=2, num_hidden_layers=layers)
+        if name == "gemma4":
+            cfg["vocab_size_per_layer_input"] = cfg["vocab_size"]
+            cfg["sliding_window"] = 16  # the tiny sequences (--max-len 64) cross it
+    if name in _ALL_EXPERTS_SELECTED and n_exp:
+        if cfg["model_type"] == "qwen3_5_moe_text":
+            cfg["num_experts"] = cfg["num_experts_per_tok"] = n_exp
+        else:
+            cfg.update(n_routed_experts=n_exp, num_experts_per_tok=n_exp, n_group=1,
+                       topk_group=1)
+    if cfg["model_type"] in _LAYER_PATTERNS:
+        cfg.pop("full_attention_interval", None)
+        cfg["layer_types"] = _layer_types(cfg)
+    return _rope_parameters(cfg)
+
+
+def _rope_parameters(cfg: dict[str, Any]) -> dict[str, Any]:
+    """transformers 5 reads ``rope_parameters`` (``rope_theta`` inside)."""
     if "rope_scaling" in cfg:  # transformers 5 reads rope_parameters (rope_theta inside)
         rp = dict(cfg.pop("rope_scaling"))
         rp["rope_type"] = rp.pop("type", rp.get("rope_type"))
@@ -204,23 +336,40 @@ def _hf_config(cfg: dict[str, Any]):
     return transformers.AutoConfig.for_model(params.pop("model_type"), **params)
 
 
-def _save_text_model(cfg: dict[str, Any], out: Path, device: str, seed: int) -> Any:
-    """Random bf16 weights of the text model, saved with transformers' own names."""
+def _save_text_model(cfg: dict[str, Any], out: Path, device: str, seed: int,
+                     kind: str | None = None) -> Any:
+    """Random bf16 weights of the text model, saved with transformers' own names.
+
+    The demo checkpoints' weight and config handling applies (``kind``: their recipe name):
+    tied embeddings tied again after ``to_empty`` (Gemma 4), Gemma 4's q/k norms tempered,
+    DeepSeek's zero routing bias ensured, and the config keys other transformers / vLLM
+    versions reject dropped (DSA models' ``layer_types``)."""
     import torch
     import transformers
 
-    from speculators_compat.demo.checkpoints import _ensure_routing_bias, _init_fast
+    from speculators_compat.demo.checkpoints import (
+        _add_config_keys,
+        _drop_config_keys,
+        _ensure_routing_bias,
+        _init_fast,
+        _temper_qk_norms,
+    )
 
     config = _hf_config(cfg)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model = model.to_empty(device=device)
+    model.tie_weights()  # to_empty gives tied parameters separate storage (no-op if untied)
     _init_fast(model, float(config.initializer_range), seed, device)
+    _temper_qk_norms(model)  # Gemma 4 only
     model.eval().save_pretrained(str(out), safe_serialization=True, max_shard_size="5GB")
     del model
     if device != "cpu":
         torch.cuda.empty_cache()
     _ensure_routing_bias(out, config)
+    if kind:
+        _drop_config_keys(out, kind)
+        _add_config_keys(out, config)
     return config
 
 
@@ -541,7 +690,8 @@ def build(name: str, root: str | os.PathLike[str], *, device: str = "cpu", tiny:
     elif pair:
         fp8 = _build_deepseek_pair(dirs[0], dirs[1], text_config(name, tiny), device, seed)
     else:
-        _save_text_model(text_config(name, tiny), out, device, seed)
+        _save_text_model(text_config(name, tiny), out, device, seed,
+                         kind=name if name in _TINY_FROM_RECIPE else None)
     seconds = time.time() - t
     result = None
     for d in dirs:
