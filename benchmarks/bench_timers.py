@@ -276,7 +276,7 @@ def wait_for_steps_first(executor, on_wait: Callable[[float], None]) -> None:
 
     @functools.wraps(rpc)  # callers probe its signature (generate_guard: timeout=)
     def collective_rpc(method, *args, **kwargs):
-        pending = (list(executor.__dict__.get("_compat_steps") or ())
+        pending = (list(getattr(executor, "compat_steps", None) or ())
                    if method == "_get_captured_states" else ())
         if pending:
             t = time.perf_counter()

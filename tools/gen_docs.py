@@ -21,6 +21,7 @@ def render() -> str:
     from speculators_compat._adapter import Stage
     from speculators_compat._report import Kind
     from speculators_compat.adapters import ADAPTERS
+    from speculators_compat.adapters._base import ExecutorFeature
 
     lines = [
         "# Adapters",
@@ -38,6 +39,12 @@ def render() -> str:
         "",
         "`SPECULATORS_COMPAT_DISABLE` takes adapter names or these kinds (not `scope`).",
         "",
+        "Order: where it matters, an adapter declares the adapters it must come after",
+        "(`after`) or that it `requires`; every activation checks the registry against",
+        "those declarations and the stages. Adapters marked *executor feature* are hooks",
+        "of the one executor class speculators' generator gets",
+        "(`speculators_compat._executor.GeneratorExecutor`), not subclasses of their own.",
+        "",
         "Stages (when an adapter acts; the registry is ordered by stage):",
         "",
         *[f"- `{s.value}`" + (f": before `{s.precedes}` is imported" if s.precedes else "")
@@ -49,7 +56,8 @@ def render() -> str:
     ]
     for a in ADAPTERS:
         d = a.describe()
-        lines.append(f"| `{d['name']}` | {d['kind']} | {d['phase']} | {d['stage']} | "
+        kind = d["kind"] + (", executor feature" if isinstance(a, ExecutorFeature) else "")
+        lines.append(f"| `{d['name']}` | {kind} | {d['phase']} | {d['stage']} | "
                      f"`{d['vllm_range'] or 'any'}` | "
                      f"{d['summary']} | {d['upstream']} | {d['remove_when']} |")
     lines += ["", *targets_table(ADAPTERS)]
@@ -61,6 +69,9 @@ def render() -> str:
         if a.requires:
             lines += ["Requires: " + ", ".join(f"`{r}`" for r in a.requires)
                       + " (reported not needed, naming it, where that did not apply)", ""]
+        if a.after:
+            lines += ["Comes after: " + ", ".join(f"`{r}`" for r in a.after)
+                      + " (declared order, checked at activation)", ""]
         lines += [doc, ""]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -77,7 +88,9 @@ def targets_table(adapters) -> list[str]:
              "that applying it changes nothing else), by target. Where several adapters share",
              "a target they stack in this order: the first wraps or subclasses the original,",
              "the last is outermost. Fail-closed adapters that cannot act instead make",
-             "`VllmHiddenStatesGenerator.__init__` and `.generate` refuse.", "",
+             "`VllmHiddenStatesGenerator.__init__` and `.generate` refuse. The",
+             "`MultiprocExecutor` row lists the executor features: one `GeneratorExecutor`",
+             "is bound there, with their hooks in this order (the last one outermost).", "",
              "| target | adapters, in stacking order |", "|---|---|"]
     for target, names in by_target.items():
         lines.append(f"| `{target}` | {' → '.join(f'`{n}`' for n in names)} |")

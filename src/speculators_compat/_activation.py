@@ -14,9 +14,10 @@ before it for its change to be right (``shm_transport`` and ``request_metadata_i
 speak to the shim's worker extension, which only ``hook_capture`` puts in the workers).
 Where one of them did not apply (disabled, not needed, mismatched, failed), the dependent
 is reported not needed, naming it and its status, and is neither probed nor applied. A
-requirement must come earlier in the registry (checked at every activation); one that
-the registry does not hold at all (a registry of a single adapter, as the contract suite
-builds) constrains nothing.
+requirement must come earlier in the registry, and so must what an adapter declares it
+comes ``after`` (the order its change stacks in), stage by stage: :func:`check_order`,
+at every activation. A name the registry does not hold at all (a registry of a single
+adapter, as the contract suite builds) constrains nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from . import _batch_invariant, _env, _versions
-from ._adapter import Adapter, Context, Phase
+from ._adapter import Adapter, Context, Phase, Stage
 from ._errors import CompatError, UnsupportedError
 from ._patcher import Patcher
 from ._report import AdapterResult, Kind, Report, Status
@@ -87,7 +88,7 @@ class Activation:
                                _env.DISABLE, sorted(disabled - known_or_kind),
                                sorted(known_or_kind))
             strict = _env.flag(os.environ.get(_env.STRICT)) if strict is None else strict
-            _check_requirements(adapters)
+            check_order(adapters)
             ctx = Context(process)
             self.touched = {}
             results = []
@@ -241,16 +242,29 @@ class Activation:
             self.touched = {}
 
 
-def _check_requirements(adapters: Sequence[Adapter]) -> None:
-    """Every requirement the registry holds comes before the adapter that names it (the
-    engine decides a dependent from its requirements' results, so those must exist)."""
+def check_order(adapters: Sequence[Adapter]) -> None:
+    """Raise ``ValueError`` where the registry ``adapters`` breaks a declared order: a
+    stage after a later one, or an adapter before one it ``requires`` or comes ``after``
+    (the engine decides a dependent from its requirements' results, so those must exist;
+    wrappers and executor hooks stack in registry order). Names the registry does not
+    hold constrain nothing (a registry of a single adapter, as the contract suite builds)."""
     position = {a.name: i for i, a in enumerate(adapters)}
+    stages = list(Stage)
     for i, a in enumerate(adapters):
         late = [r for r in a.requires if position.get(r, -1) >= i]
         if late:
             raise ValueError(f"speculators-compat: adapter {a.name} requires {late}, which the "
                              "registry lists after it (or is the adapter itself); a requirement "
                              "must come earlier")
+        late = [r for r in a.after if position.get(r, -1) >= i]
+        if late:
+            raise ValueError(f"speculators-compat: adapter {a.name} declares after={late}, but "
+                             f"the registry lists {late} after it (or it is the adapter "
+                             "itself); move it below them")
+        if i and stages.index(adapters[i - 1].stage) > stages.index(a.stage):
+            raise ValueError(f"speculators-compat: adapter {a.name} (stage {a.stage.value}) "
+                             f"comes after {adapters[i - 1].name} (stage "
+                             f"{adapters[i - 1].stage.value}); the registry is ordered by stage")
 
 
 def _unmet(adapter: Adapter, done: dict[str, AdapterResult]) -> str | None:

@@ -104,6 +104,13 @@ class Adapter:
     #: applies it: an adapter declares what it depends on instead of re-running another
     #: adapter's probe.
     requires: tuple[str, ...] = ()
+    #: Names of the adapters this one must come after in the registry, where it holds
+    #: them, because of how their changes stack (on a shared target the later one is the
+    #: outer wrapper or hook; an import-time fix that needs another's). Unlike
+    #: ``requires`` it does not make this one depend on them. The activation checks the
+    #: registry against it (with ``requires`` and the stages), so no order is implied by
+    #: list position alone.
+    after: tuple[str, ...] = ()
     #: What its ``refuse()`` may change (fail-closed adapters).
     refusal_targets: tuple[str, ...] = ()
     #: Why it exists (:class:`Kind`): which installations it is expected to act on.
@@ -135,6 +142,7 @@ class Adapter:
             "stage": self.stage.value,
             "targets": list(self.targets),
             "requires": list(self.requires),
+            "after": list(self.after),
             "kind": self.kind.value,
             "remove_when": self.remove_when,
         }

@@ -401,17 +401,22 @@ def one(base: Base, adapter: Adapter) -> Iterator[bool]:
 
 SCHEDULER_CONFIG_03 = dict(max_num_seqs=32, max_model_len=512, max_num_batched_tokens=8192)
 
-def _check_executor_shim(gen, vllm_cls, applied: bool, overrides: set[str]) -> None:
-    """The rebound executor is a thin subclass of vLLM's (isinstance-compatible) that
-    overrides exactly ``overrides``; vLLM's own class object is untouched."""
+def _check_executor_shim(gen, vllm_cls, applied: bool, name: str,
+                         overrides: set[str]) -> None:
+    """The generator's executor is the one ``GeneratorExecutor`` over vLLM's class
+    (isinstance-compatible), with feature ``name`` among its hooks and overriding exactly
+    ``overrides`` of vLLM's methods; vLLM's own class object is untouched."""
+    from speculators_compat._executor import GeneratorExecutor
+
     mod = importlib.import_module("vllm.v1.executor.multiproc_executor")
     assert mod.MultiprocExecutor is vllm_cls
     if not applied:
         assert gen.MultiprocExecutor is vllm_cls
         return
     shim = gen.MultiprocExecutor
-    assert shim is not vllm_cls and issubclass(shim, vllm_cls)
-    own = {k for k, v in vars(shim).items() if callable(v)}
+    assert shim.__mro__[1:3] == (GeneratorExecutor, vllm_cls), shim.__mro__
+    assert name in shim.compat_feature_names, shim.compat_feature_names
+    own = {k for k, v in vars(shim).items() if callable(v) and not k.startswith("compat_")}
     assert own == overrides, own
     for k in overrides:
         assert vars(shim)[k] is not vars(vllm_cls).get(k)

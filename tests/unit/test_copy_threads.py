@@ -10,24 +10,19 @@ real path runs in the GPU benchmark (docs/performance.md).
 
 from __future__ import annotations
 
-import weakref
-
 import pytest
 import torch
 
+from speculators_compat._executor import GeneratorExecutor
 from speculators_compat.adapters import shm_transport
 from speculators_compat.transport.driver import Receiver
 
 
-class _Executor:
-    pass
-
-
 class _Generator:
     def __init__(self, threads: int | None) -> None:
-        self.executor = _Executor()
-        self.executor.__dict__["_compat_generator"] = weakref.ref(self)
-        self.executor.__dict__["_compat_receiver"] = Receiver()
+        self.executor = GeneratorExecutor()  # no vLLM class under it: state only
+        self.executor.compat_link(self)
+        self.executor.compat_receiver = Receiver()
         if threads:
             self.__dict__["_compat_copy_threads"] = threads
         self.seen: list[tuple[str, int]] = []
@@ -35,7 +30,7 @@ class _Generator:
     def generate(self, fail_after_fetch: bool = False) -> str:
         """The shape of speculators' generate(): steps, the states RPC, the copies."""
         self.seen.append(("steps", torch.get_num_threads()))
-        receiver = self.executor.__dict__["_compat_receiver"]
+        receiver = self.executor.compat_receiver
         shm_transport._raise_copy_threads(self.executor, receiver)  # the RPC returned
         self.seen.append(("copies", torch.get_num_threads()))
         if fail_after_fetch:
@@ -62,7 +57,7 @@ def test_threads_raised_only_for_the_copies(reduced_threads):
     assert _call(gen) == "done"
     assert gen.seen == [("steps", 1), ("copies", 2)]
     assert torch.get_num_threads() == 1
-    stats = gen.executor.__dict__["_compat_receiver"].stats
+    stats = gen.executor.compat_receiver.stats
     assert stats["copy_threads"] == 2 and stats["after_fetch_s"] > 0
     assert "_compat_copy_call" not in gen.__dict__
 
@@ -79,10 +74,10 @@ def test_nothing_changes_where_vllm_did_not_reduce_threads(reduced_threads):
     gen = _Generator(threads=None)  # CPU platform: link() recorded nothing
     assert _call(gen) == "done"
     assert gen.seen == [("steps", 1), ("copies", 1)]
-    assert gen.executor.__dict__["_compat_receiver"].stats["copy_threads"] == 0
+    assert gen.executor.compat_receiver.stats["copy_threads"] == 0
 
 
 def test_a_states_rpc_outside_generate_changes_nothing(reduced_threads):
     gen = _Generator(threads=2)
-    shm_transport._raise_copy_threads(gen.executor, gen.executor.__dict__["_compat_receiver"])
+    shm_transport._raise_copy_threads(gen.executor, gen.executor.compat_receiver)
     assert torch.get_num_threads() == 1

@@ -63,3 +63,32 @@ def test_stage_precedes():
     assert Stage.BEFORE_SPECULATORS_IMPORT.precedes == "speculators"
     assert Stage.BEFORE_GENERATOR_IMPORT.precedes == "speculators.data_generation"
     assert Stage.GENERATOR.precedes is None and Stage.WORKER.precedes is None
+
+
+def test_registry_respects_every_declared_order():
+    """The order that matters is declared on the adapters (``after``, ``requires``) and
+    checked here and at every activation, not implied by list position."""
+    from speculators_compat._activation import check_order
+
+    check_order(ADAPTERS)
+    names = [a.name for a in ADAPTERS]
+    for a in ADAPTERS:
+        for other in (*a.after, *a.requires):
+            assert other in names, f"{a.name} names {other}, which the registry lacks"
+
+
+def test_a_registry_against_a_declared_order_is_refused():
+    """Known-wrong lists: an adapter above one it must come after, and a stage out of
+    order, each fail naming the adapters."""
+    import pytest
+
+    from speculators_compat._activation import check_order
+
+    by_name = {a.name: a for a in ADAPTERS}
+    swapped = [by_name["request_metadata_in_driver"], by_name["step_overlap"]]
+    with pytest.raises(ValueError, match=r"request_metadata_in_driver declares "
+                                         r"after=\['step_overlap'\]"):
+        check_order(swapped)
+    with pytest.raises(ValueError, match="ordered by stage"):
+        check_order([by_name["hook_capture"], by_name["transformers5_config_torch"]])
+    check_order(list(reversed(swapped)))  # the declared order passes

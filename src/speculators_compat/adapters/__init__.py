@@ -1,9 +1,10 @@
-"""The ordered adapter registry. One module per upstream change.
+"""The adapter registry, applied in this order. One module per upstream change.
 
-Order matters: fixes that must precede ``import speculators`` come first, then those
-that must precede the import of speculators' generator module, then the ones that
-rebind names inside it (wrappers stack in this order, the last one outermost). An
-adapter comes after those it ``requires`` (the activation checks it).
+The list runs stage by stage (before ``import speculators``, before the generator
+module's import, names inside it, workers); on a shared target a later adapter wraps (or
+hooks the executor) outside an earlier one. Where that order matters, the adapter says
+so itself (``after``, ``requires``), and every activation checks this list against the
+declarations (``_activation.check_order``): nothing here depends on a comment.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ ADAPTERS: list[Adapter] = [
     Transformers5ConfigDataclass(),
     # before speculators' generator module is imported
     KVCacheHelpersRelocated(),
-    Transformers5ConfigValidate(),  # imports speculators.config (built by the fixes above)
-    Transformers5ConfigPadToken(),  # speculators.models.eagle (imported by speculators)
+    Transformers5ConfigValidate(),
+    Transformers5ConfigPadToken(),
     # scope: speculators with the in-process generator
     SpeculatorsSupported(),
     # names inside speculators' generator module
@@ -71,17 +72,17 @@ ADAPTERS: list[Adapter] = [
     BlockHasherUnused(),
     KVCacheLayoutResolution(),
     ExecutorSampleTokens(),
-    HookCapture(),  # before the adapters that require it (shm_transport, ...)
-    StepOverlap(),  # replaces the step: outside executor_sample_tokens
+    HookCapture(),
+    StepOverlap(),
     RequestMetadataInDriver(),
-    ShmTransport(),  # inside collective_rpc_unique_reply: it sees vLLM's reply convention
+    ShmTransport(),
     CollectiveRpcUniqueReply(),
     ExecutorWarmupSplit(),
     ResultOrderNatural(),
     GenerateGuard(),
     ShutdownAtExit(),
-    SpawnMainGuard(),  # inside worker_spawn_method: sees the start method it sets
-    DraftAuxLayers(),  # outermost on __init__: records a generator that was built
+    SpawnMainGuard(),
+    DraftAuxLayers(),
     WorkerSpawnMethod(),
 ]
 

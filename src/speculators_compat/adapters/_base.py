@@ -1,12 +1,15 @@
-"""Base for adapters that rebind names in speculators' generator module."""
+"""Bases for adapters that rebind names in speculators' generator module, and for the
+features of the one executor it starts."""
 
 from __future__ import annotations
 
 from types import ModuleType
 
+from .. import _executor
 from .._adapter import Adapter, Context, Verdict
 from .._patcher import Patcher
 from . import _probes
+from ._targets import in_generator
 
 
 class GeneratorAdapter(Adapter):
@@ -37,3 +40,29 @@ class GeneratorAdapter(Adapter):
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:  # pragma: no cover
         raise NotImplementedError
+
+
+class ExecutorFeature(GeneratorAdapter, _executor.ExecutorHooks):
+    """A change to the executor speculators' generator starts, as hooks of the one
+    :class:`~speculators_compat._executor.GeneratorExecutor` (never a subclass of its own).
+
+    Subclasses implement :meth:`check` (probe vLLM's executor class with
+    :meth:`executor_class`, which sees through the features installed before) and the
+    hooks of :class:`~speculators_compat._executor.ExecutorHooks` they need, on the
+    adapter itself or on the object :meth:`hooks` returns (for values computed at apply
+    time). Where the order among features matters, declare it with ``after``.
+    """
+
+    targets = in_generator("MultiprocExecutor")
+
+    @staticmethod
+    def executor_class(gen: ModuleType) -> type:
+        """vLLM's ``MultiprocExecutor`` as speculators' module reaches it."""
+        return _executor.vllm_class(gen.MultiprocExecutor)
+
+    def hooks(self, ctx: Context, gen: ModuleType) -> _executor.ExecutorHooks:
+        """What this feature adds to the executor (default: the adapter's own hooks)."""
+        return self
+
+    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
+        _executor.install(patcher, gen, self.name, self.hooks(ctx, gen))

@@ -157,6 +157,9 @@ class DraftAuxLayers(Adapter):
     targets = (*_targets.in_generator("VllmHiddenStatesGenerator.__init__"),
                f"{TRAIN_DATA_MODULE}:{DATASET}.__init__",
                f"{EAGLE3_CONFIG_MODULE}:{CONFIG}.save_pretrained")
+    #: Outside spawn_main_guard's __init__ wrapper: only a generator that was built (not
+    #: refused before building) is recorded.
+    after = ("spawn_main_guard",)
 
     def probe(self, ctx: Context) -> Verdict:
         if ctx.versions.get("speculators") is None:

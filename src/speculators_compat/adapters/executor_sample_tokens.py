@@ -5,8 +5,8 @@ Why: since 0.11.1 ``execute_model`` returns ``None`` on the normal path and
 never calls it: ``RuntimeError: State error: sample_tokens() must be called after
 execute_model() returns None.`` (Model Runner V2 has no such check and silently
 overwrites state.) speculators 0.4 calls ``sample_tokens`` itself.
-How: the ``MultiprocExecutor`` seen by speculators' module completes the step inside
-``execute_model`` (``sample_tokens(None)`` when it returned ``None``) and answers a
+How: a hook of the generator's executor (``speculators_compat._executor``) completes the
+step inside ``execute_model`` (``sample_tokens(None)`` when it returned ``None``) and answers a
 following ``sample_tokens`` call of the same step with that output, so both the 0.3
 (one call) and 0.4 (two calls) loops do exactly one sample per step.
 Applies when: the executor has ``sample_tokens`` and the installed speculators' generator
@@ -18,49 +18,39 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from .. import _executor
 from .._adapter import Context, Verdict
-from .._patcher import Patcher
-from . import _helpers, _probes, _targets
-from ._base import GeneratorAdapter
-
-_NOTHING = object()
+from . import _probes
+from ._base import ExecutorFeature
 
 
-class ExecutorSampleTokens(GeneratorAdapter):
+class ExecutorSampleTokens(ExecutorFeature):
     name = "executor_sample_tokens"
     summary = "complete each step with sample_tokens() inside execute_model()"
     upstream = ("vLLM 0.11.1: execute_model()/sample_tokens() split "
                 "(vllm/v1/executor/abstract.py)")
     vllm_range = ">=0.11.1.dev0"
     remove_when = "speculators 0.3.x support is dropped"
-    targets = _targets.in_generator("MultiprocExecutor")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        if not hasattr(gen.MultiprocExecutor, "sample_tokens"):
+        if not hasattr(self.executor_class(gen), "sample_tokens"):
             return Verdict.not_needed("the executor has no sample_tokens(): one-phase steps")
         if _probes.consumer_passes(gen, ".sample_tokens("):
             return Verdict.not_needed("two-phase steps; this speculators calls "
                                       "sample_tokens() itself")
         return Verdict.needed("execute_model() returns None until sample_tokens() is called")
 
-    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        base = gen.MultiprocExecutor
+    def execute_model(self, executor, call, scheduler_output, *args, **kwargs):
+        out = call(scheduler_output, *args, **kwargs)
+        if out is None:
+            out = executor.compat_sampled = executor.compat_vllm("sample_tokens")(None)
+        else:
+            executor.compat_sampled = _executor.NOTHING
+        return out
 
-        def execute_model(self, scheduler_output, *args, **kwargs):
-            out = base.execute_model(self, scheduler_output, *args, **kwargs)
-            if out is None:
-                out = base.sample_tokens(self, None)
-                self._compat_sampled = out
-            else:
-                self._compat_sampled = _NOTHING
-            return out
-
-        def sample_tokens(self, grammar_output=None, *args, **kwargs):
-            done = getattr(self, "_compat_sampled", _NOTHING)
-            if done is not _NOTHING:
-                self._compat_sampled = _NOTHING
-                return done
-            return base.sample_tokens(self, grammar_output, *args, **kwargs)
-
-        patcher.setattr(gen, "MultiprocExecutor", _helpers.subclass(
-            base, self.name, {"execute_model": execute_model, "sample_tokens": sample_tokens}))
+    def sample_tokens(self, executor, call, grammar_output=None, *args, **kwargs):
+        done = executor.compat_sampled
+        if done is not _executor.NOTHING:
+            executor.compat_sampled = _executor.NOTHING
+            return done
+        return call(grammar_output, *args, **kwargs)

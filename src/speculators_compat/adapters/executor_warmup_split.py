@@ -6,7 +6,7 @@ would run its first real batch un-warmed (on GPU: without the sampler/kernels wa
 the engine expects). Warm-up runs the model on dummy data: the capture ignores it
 (its hooks record only inside ``execute_model`` steps of scheduled requests, which
 warm-up's dummy runs are not).
-How: the ``MultiprocExecutor`` seen by speculators' module calls
+How: a hook of the generator's executor (``speculators_compat._executor``) calls
 ``compile_or_warm_up_model()`` after ``initialize_from_config`` when the release split it.
 Applies when: the executor has ``compile_or_warm_up_model`` and ``initialize_from_config``
 does not call it.
@@ -18,35 +18,25 @@ from __future__ import annotations
 from types import ModuleType
 
 from .._adapter import Context, Verdict
-from .._patcher import Patcher
-from . import _helpers, _probes, _targets
-from ._base import GeneratorAdapter
+from . import _probes
+from ._base import ExecutorFeature
 
 
-class ExecutorWarmupSplit(GeneratorAdapter):
+class ExecutorWarmupSplit(ExecutorFeature):
     name = "executor_warmup_split"
     summary = "call compile_or_warm_up_model() after initialize_from_config()"
     upstream = ("vLLM 0.27.0: Executor.initialize_from_config no longer warms up "
                 "(vllm/v1/executor/abstract.py)")
     vllm_range = ">=0.27.0.dev0"
     remove_when = "speculators < 0.5 support is dropped"
-    targets = _targets.in_generator("MultiprocExecutor")
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        ex = gen.MultiprocExecutor
+        ex = self.executor_class(gen)
         if not hasattr(ex, "compile_or_warm_up_model"):
             return Verdict.not_needed("the executor has no separate warm-up")
         if "compile_or_warm_up_model" in _probes.source(ex.initialize_from_config):
             return Verdict.not_needed("initialize_from_config still warms up")
         return Verdict.needed("initialize_from_config no longer warms up")
 
-    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        base = gen.MultiprocExecutor
-
-        def initialize_from_config(self, kv_cache_configs, *args, **kwargs):
-            out = base.initialize_from_config(self, kv_cache_configs, *args, **kwargs)
-            self.compile_or_warm_up_model()
-            return out
-
-        patcher.setattr(gen, "MultiprocExecutor", _helpers.subclass(
-            base, self.name, {"initialize_from_config": initialize_from_config}))
+    def initialized(self, executor) -> None:
+        executor.compile_or_warm_up_model()

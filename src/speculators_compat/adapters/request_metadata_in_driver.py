@@ -9,30 +9,30 @@ Measured on an H200 (8B-shaped model, four layers, batch 32, vLLM 0.26.0), 0.4.0
 took 0.009-0.012 s per call longer than 0.3.0's, which sends no counts, in the same run.
 With this adapter (one run, another machine) its copied calls took 0.713 s against
 0.715-0.724 s without: a few milliseconds, not separable from the machine in one run.
-How: the ``MultiprocExecutor`` that speculators' module builds answers that one method in
-the driver with what the workers answer (``None`` from each), without sending it. Any
+How: a hook of the generator's executor (``speculators_compat._executor``) answers that
+one method in the driver with what the workers answer (``None`` from each), without sending it. Any
 other call, vLLM's own callers and other executors are untouched; a call with other
 arguments (``unique_reply_rank``, ``non_block``, keyword ``kwargs``) still goes out.
 Applies when: the workers run the shim's extension (requires ``hook_capture``) and the
 installed generator sends ``_set_request_metadata`` (probed in its source).
+It comes after ``step_overlap``: the answer must not wait for the steps in flight (that
+wait would take the overlap away, since the counts precede every step).
 Remove when: speculators 0.4.x support is dropped.
 """
 
 from __future__ import annotations
 
-import functools
 from types import ModuleType
 
 from .._adapter import Context, Verdict
-from .._patcher import Patcher
 from .._report import Kind
-from . import _helpers, _probes, _targets
-from ._base import GeneratorAdapter
+from . import _probes
+from ._base import ExecutorFeature
 
 METADATA_RPC = "_set_request_metadata"
 
 
-class RequestMetadataInDriver(GeneratorAdapter):
+class RequestMetadataInDriver(ExecutorFeature):
     name = "request_metadata_in_driver"
     kind = Kind.PERFORMANCE
     summary = "answer speculators 0.4's per-step _set_request_metadata in the driver"
@@ -42,9 +42,10 @@ class RequestMetadataInDriver(GeneratorAdapter):
     vllm_range = None
     speculators_range = ">=0.4.0.dev0,<0.5.0.dev0"
     remove_when = "speculators 0.4.x support is dropped"
-    targets = _targets.in_generator("MultiprocExecutor")
     #: Only the shim's extension ignores the counts; speculators' own one needs them.
     requires = ("hook_capture",)
+    #: Answered outside step_overlap's hook, which waits for the steps in flight.
+    after = ("step_overlap",)
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         if f'"{METADATA_RPC}"' not in (_probes.source(gen) or ""):
@@ -53,14 +54,7 @@ class RequestMetadataInDriver(GeneratorAdapter):
                               "workers, whose capture (the shim's) does not use them: "
                               "answered in the driver, one round trip per step saved")
 
-    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        base = gen.MultiprocExecutor
-
-        @functools.wraps(base.collective_rpc)  # later probes read its signature
-        def collective_rpc(self, method, *args, **kwargs):
-            if method == METADATA_RPC and not args and set(kwargs) <= {"args", "timeout"}:
-                return [None] * max(int(getattr(self, "world_size", 1) or 1), 1)
-            return base.collective_rpc(self, method, *args, **kwargs)
-
-        patcher.setattr(gen, "MultiprocExecutor", _helpers.subclass(
-            base, self.name, {"collective_rpc": collective_rpc}))
+    def rpc(self, executor, call, method, *args, **kwargs):
+        if method == METADATA_RPC and not args and set(kwargs) <= {"args", "timeout"}:
+            return [None] * max(int(getattr(executor, "world_size", 1) or 1), 1)
+        return call(method, *args, **kwargs)

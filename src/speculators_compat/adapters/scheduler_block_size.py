@@ -31,6 +31,10 @@ class SchedulerBlockSize(GeneratorAdapter):
     vllm_range = ">=0.11.1.dev0"
     remove_when = "speculators < 0.5 support is dropped"
     targets = _targets.in_generator("Scheduler")
+    #: Outside kv_cache_groups_hybrid's Scheduler subclass: the block sizes come from the
+    #: KV config speculators passes (the one the engine core resolves them from), not from
+    #: the one-spec-per-group view that subclass hands vLLM's Scheduler.
+    after = ("kv_cache_groups_hybrid",)
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         params = _probes.parameters(gen.Scheduler)

@@ -6,7 +6,8 @@ CUDA tensors go through ``torch.save`` (a blocking device-to-host copy), the exe
 response queue and ``torch.load`` back onto the driver's GPU before speculators' own
 ``.cpu()``. Measured on an H200 with an 8B-shaped model, moving the states cost about
 three quarters of the wall time (0.23x of vLLM's own prefill with four layers).
-How: the ``MultiprocExecutor`` seen by speculators' module sends the call's plan
+How: a hook of the generator's executor (``speculators_compat._executor``, which holds the
+receiver and the link to its generator) sends the call's plan
 (request ids and prompt lengths, in input order) with speculators' ``_reset_capture``,
 and answers speculators' ``_get_captured_states`` by asking the shim's worker extension
 for ``_compat_export_states`` instead. The capturing worker writes each step's rows into
@@ -35,20 +36,19 @@ Remove when: speculators < 0.5 support is dropped.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import time
-import weakref
 from types import ModuleType
 
+from .. import _executor
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
 from .._report import Kind
 from ..transport import copies, wire
 from ..transport.driver import Receiver
-from . import _helpers, _probes, _targets
-from ._base import GeneratorAdapter
+from . import _probes, _targets
+from ._base import ExecutorFeature
 
 #: The speculators RPC whose reply is carried through shared memory, and the one that
 #: starts a call (answered with the call's plan so rows stream while the model runs).
@@ -63,7 +63,7 @@ DEFAULT_COPY_THREADS = 8
 ZERO_COPY_ENV = "SPECULATORS_COMPAT_ZERO_COPY"
 
 
-class ShmTransport(GeneratorAdapter):
+class ShmTransport(ExecutorFeature):
     name = "shm_transport"
     kind = Kind.PERFORMANCE
     summary = "captured hidden states reach the driver through shared memory, not pickles"
@@ -73,8 +73,8 @@ class ShmTransport(GeneratorAdapter):
     vllm_range = None
     remove_when = "speculators < 0.5 support is dropped"
     targets = _targets.in_generator("MultiprocExecutor",
-                                       "VllmHiddenStatesGenerator.__init__",
-                                       "VllmHiddenStatesGenerator.generate")
+                                    "VllmHiddenStatesGenerator.__init__",
+                                    "VllmHiddenStatesGenerator.generate")
 
     #: The RPCs it sends (``_compat_reset_capture``, ``_compat_export_states``) are answered
     #: only by the shim's worker extension: where speculators' own extension captures, its
@@ -82,8 +82,8 @@ class ShmTransport(GeneratorAdapter):
     requires = ("hook_capture",)
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
-        if "unique_reply_rank" not in (_probes.parameters(gen.MultiprocExecutor.collective_rpc)
-                                       or {}):
+        if "unique_reply_rank" not in (_probes.parameters(
+                self.executor_class(gen).collective_rpc) or {}):
             return Verdict.mismatch("MultiprocExecutor.collective_rpc has no unique_reply_rank")
         reason = wire.unavailable_reason()
         if reason is not None:
@@ -100,65 +100,20 @@ class ShmTransport(GeneratorAdapter):
                               "mapped privately by the driver; not through pickled "
                               f"collective_rpc replies; {handoff}")
 
+    def hooks(self, ctx: Context, gen: ModuleType) -> _executor.ExecutorHooks:
+        return _SharedMemory(gen.RequestStatus.WAITING, _zero_copy(gen))
+
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        base = gen.MultiprocExecutor
-        waiting = gen.RequestStatus.WAITING
-        handoff = _zero_copy(gen)
-
-        def plan_of(executor) -> list[tuple[str, int]]:
-            """This call's requests (ids, prompt lengths) in input order: speculators
-            adds them all to its scheduler before it resets the capture."""
-            ref = executor.__dict__.get("_compat_generator")
-            generator = ref() if ref is not None else None
-            scheduler = getattr(generator, "scheduler", None)
-            requests = getattr(scheduler, "requests", None) or {}
-            return [(rid, int(r.num_prompt_tokens)) for rid, r in requests.items()
-                    if r.status == waiting and not r.num_computed_tokens]
-
-        def receiver_of(executor) -> Receiver:
-            receiver = executor.__dict__.get("_compat_receiver")
-            if receiver is None:
-                receiver = executor.__dict__["_compat_receiver"] = Receiver(handoff=handoff)
-            return receiver
-
-        @functools.wraps(base.collective_rpc)  # later probes read its signature and docstring
-        def collective_rpc(self, method, *args, **kwargs):
-            plain = (args or kwargs.get("args") or kwargs.get("kwargs")
-                     or kwargs.get("non_block"))
-            if method == RESET_CAPTURE_RPC and not plain:
-                plan = plan_of(self)
-                if plan:
-                    receiver_of(self)
-                    return base.collective_rpc(self, wire.RESET_RPC,
-                                               **{**kwargs, "args": (plan,)})
-            if (method != CAPTURED_STATES_RPC or plain
-                    or kwargs.get("unique_reply_rank") is None):
-                return base.collective_rpc(self, method, *args, **kwargs)
-            listed = []
-
-            def call():
-                reply = base.collective_rpc(self, wire.EXPORT_RPC, **kwargs)
-                if isinstance(reply, list):  # vLLM <= 0.11.0: a one-item list
-                    listed.append(True)
-                    reply = next((r for r in reply if r is not None), None)
-                return reply
-
-            receiver = receiver_of(self)
-            states = receiver.fetch(call)
-            _raise_copy_threads(self, receiver)
-            return [states] if listed else states
-
-        patcher.setattr(gen, "MultiprocExecutor", _helpers.subclass(
-            base, self.name, {"collective_rpc": collective_rpc}))
+        super().patch(patcher, ctx, gen)
 
         def link(wrapped, instance, args, kwargs):
             import torch
 
             threads = torch.get_num_threads()
             out = wrapped(*args, **kwargs)
-            executor = getattr(instance, "executor", None)
-            if executor is not None and hasattr(executor, "__dict__"):
-                executor.__dict__["_compat_generator"] = weakref.ref(instance)
+            executor = _executor.of(getattr(instance, "executor", None))
+            if executor is not None:
+                executor.compat_link(instance)
             limit = int(os.environ.get(COPY_THREADS_ENV, DEFAULT_COPY_THREADS))
             if torch.get_num_threads() < threads and limit > 1:  # vLLM reduced them (GPU)
                 instance.__dict__["_compat_copy_threads"] = min(threads, limit)
@@ -166,6 +121,53 @@ class ShmTransport(GeneratorAdapter):
 
         patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", link)
         patcher.wrap(gen.VllmHiddenStatesGenerator, "generate", _copy_threads)
+
+
+class _SharedMemory(_executor.ExecutorHooks):
+    """The executor's side of the transport: the plan with the reset, the states through
+    the receiver."""
+
+    def __init__(self, waiting, handoff: bool) -> None:
+        self.waiting = waiting
+        self.handoff = handoff
+
+    def plan_of(self, executor) -> list[tuple[str, int]]:
+        """This call's requests (ids, prompt lengths) in input order: speculators adds them
+        all to its scheduler before it resets the capture."""
+        scheduler = getattr(executor.compat_linked(), "scheduler", None)
+        requests = getattr(scheduler, "requests", None) or {}
+        return [(rid, int(r.num_prompt_tokens)) for rid, r in requests.items()
+                if r.status == self.waiting and not r.num_computed_tokens]
+
+    def receiver_of(self, executor) -> Receiver:
+        if executor.compat_receiver is None:
+            executor.compat_receiver = Receiver(handoff=self.handoff)
+        return executor.compat_receiver
+
+    def rpc(self, executor, call, method, *args, **kwargs):
+        plain = (args or kwargs.get("args") or kwargs.get("kwargs")
+                 or kwargs.get("non_block"))
+        if method == RESET_CAPTURE_RPC and not plain:
+            plan = self.plan_of(executor)
+            if plan:
+                self.receiver_of(executor)
+                return call(wire.RESET_RPC, **{**kwargs, "args": (plan,)})
+        if (method != CAPTURED_STATES_RPC or plain
+                or kwargs.get("unique_reply_rank") is None):
+            return call(method, *args, **kwargs)
+        listed = []
+
+        def export():
+            reply = call(wire.EXPORT_RPC, **kwargs)
+            if isinstance(reply, list):  # vLLM <= 0.11.0: a one-item list
+                listed.append(True)
+                reply = next((r for r in reply if r is not None), None)
+            return reply
+
+        receiver = self.receiver_of(executor)
+        states = receiver.fetch(export)
+        _raise_copy_threads(executor, receiver)
+        return [states] if listed else states
 
 
 def _zero_copy_off_reason(gen: ModuleType) -> str | None:
@@ -199,8 +201,7 @@ def _raise_copy_threads(executor, receiver) -> None:
     then collapses. Measured on the H200 (8B shape, 4 layers, batch 32, 7.5 GB per pass
     into fresh memory, 2026-12-01): 4 threads 1.42 s, 8 threads 0.85 s, 16 threads 7.8 s
     per pass. Hence at most ``DEFAULT_COPY_THREADS`` (8)."""
-    ref = executor.__dict__.get("_compat_generator")
-    generator = ref() if ref is not None else None
+    generator = executor.compat_linked()
     call = None if generator is None else generator.__dict__.get("_compat_copy_call")
     if not call or call.get("raised"):
         return
@@ -237,7 +238,6 @@ def _copy_threads(wrapped, instance, args, kwargs):
         instance.__dict__.pop("_compat_copy_call", None)
         if call["raised"]:
             torch.set_num_threads(reduced)
-            receiver = getattr(getattr(instance, "executor", None), "__dict__", {}).get(
-                "_compat_receiver")
+            receiver = getattr(getattr(instance, "executor", None), "compat_receiver", None)
             if receiver is not None:
                 receiver.stats["after_fetch_s"] += time.perf_counter() - call["raised"]

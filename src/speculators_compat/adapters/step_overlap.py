@@ -8,9 +8,10 @@ earlier step's output. The GPU therefore idles while the driver schedules the ne
 and the step travels to the workers and back (vLLM's own engine overlaps both with
 async scheduling, which ``scheduling_sync`` keeps off for this loop). A batch-32 call of
 the 8B-shaped benchmark is about four steps of 8,192 tokens; a batch-8 call is one.
-How: the ``MultiprocExecutor`` that speculators' module builds sends each step as one
-RPC to the shim's worker extension (``_compat_step``: ``execute_model`` and, where the
-split exists, ``sample_tokens(None)`` in the worker, answering ``None``) without waiting
+How: hooks of the generator's executor (``speculators_compat._executor``, which holds the
+steps in flight) send each step as one RPC to the shim's worker extension
+(``_compat_step``: ``execute_model`` and, where the split exists, ``sample_tokens(None)``
+in the worker, answering ``None``) without waiting
 (``non_block``), then waits for the step before it: at most one step runs ahead.
 ``execute_model`` answers ``None`` (the normal two-phase answer) and a following
 ``sample_tokens`` of that step answers ``None`` without a message, so both the 0.3 loop
@@ -26,23 +27,23 @@ Applies when: the workers run the shim's extension (requires ``hook_capture``) a
 installed executor sends an RPC without waiting (``collective_rpc(non_block=...)``)
 through a first-in-first-out queue of replies that every blocking call drains first
 (``FutureWrapper`` with ``futures_queue``; probed in its source).
+It comes after ``executor_sample_tokens`` (its step replaces that one's, and answers the
+step's ``sample_tokens`` first).
 Remove when: speculators < 0.5 support is dropped.
 """
 
 from __future__ import annotations
 
-import functools
 from types import ModuleType
 
+from .. import _executor
 from .._adapter import Context, Verdict
-from .._patcher import Patcher
 from .._report import Kind
-from . import _helpers, _probes, _targets
-from ._base import GeneratorAdapter
+from . import _probes
+from ._base import ExecutorFeature
 
 #: The worker extension's per-step RPC (``worker_extension._CompatHiddenStatesExtension``).
 STEP_RPC = "_compat_step"
-_NONE_PENDING = object()
 
 
 def _ordered_futures(executor_cls: type) -> str | None:
@@ -55,7 +56,35 @@ def _ordered_futures(executor_cls: type) -> str | None:
     return None
 
 
-class StepOverlap(GeneratorAdapter):
+def settle(executor, keep_last: bool = False) -> None:
+    """Wait for the steps in flight (all, or all but the newest) in order; raise the first
+    one's error after every step sent has answered."""
+    pending = executor.compat_steps
+    if not pending:
+        return
+    if keep_last and len(pending) == 1:
+        return
+    done, rest = (pending[:-1], pending[-1:]) if keep_last else (pending, [])
+    # An interrupt (KeyboardInterrupt) is not caught: it leaves at once, with the steps
+    # still in flight (generate_guard then makes the generator unusable).
+    first = None
+    for fut in done:
+        try:
+            fut.result()
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            first = first or exc
+    if first is not None:
+        for fut in rest:  # nothing stays in flight behind a failed step
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001, S110 - the first error wins
+                pass
+        executor.compat_steps = []
+        raise first
+    executor.compat_steps = list(rest)
+
+
+class StepOverlap(ExecutorFeature):
     name = "step_overlap"
     kind = Kind.PERFORMANCE
     summary = ("send each generator step without waiting for the previous one "
@@ -65,9 +94,10 @@ class StepOverlap(GeneratorAdapter):
     vllm_range = None
     speculators_range = "<0.5.0.dev0"
     remove_when = "speculators < 0.5 support is dropped"
-    targets = _targets.in_generator("MultiprocExecutor")
     #: The step RPC is a method of the shim's worker extension.
     requires = ("hook_capture",)
+    #: Its step replaces executor_sample_tokens' and answers the step's sample_tokens first.
+    after = ("executor_sample_tokens",)
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         src = _probes.source(gen)
@@ -76,71 +106,37 @@ class StepOverlap(GeneratorAdapter):
         if "update_from_output" in src:
             return Verdict.not_needed("the generator reads each step's output "
                                       "(update_from_output): steps must run one by one")
-        why_not = _ordered_futures(gen.MultiprocExecutor)
+        why_not = _ordered_futures(self.executor_class(gen))
         if why_not:
             return Verdict.not_needed(why_not)
         return Verdict.needed("the generator waits for every step's reply and reads none: "
                               "each step is sent without waiting, one step ahead")
 
-    def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        base = gen.MultiprocExecutor
+    def execute_model(self, executor, call, scheduler_output, *args, **kwargs):
+        if kwargs.get("non_block", args[0] if args else False):
+            # a caller that handles futures itself: vLLM's own path
+            settle(executor)
+            return call(scheduler_output, *args, **kwargs)
+        from vllm import envs
 
-        def _settle(self, keep_last: bool = False) -> None:
-            """Wait for the steps in flight (all, or all but the newest) in order; raise
-            the first one's error after every step sent has answered."""
-            pending = self.__dict__.get("_compat_steps") or []
-            if not pending:
-                return
-            if keep_last and len(pending) == 1:
-                return
-            done, rest = (pending[:-1], pending[-1:]) if keep_last else (pending, [])
-            # An interrupt (KeyboardInterrupt) is not caught: it leaves at once, with the
-            # steps still in flight (generate_guard then makes the generator unusable).
-            first = None
-            for fut in done:
-                try:
-                    fut.result()
-                except Exception as exc:  # noqa: BLE001 - re-raised below
-                    first = first or exc
-            if first is not None:
-                for fut in rest:  # nothing stays in flight behind a failed step
-                    try:
-                        fut.result()
-                    except Exception:  # noqa: BLE001, S110 - the first error wins
-                        pass
-                self._compat_steps = []
-                raise first
-            self._compat_steps = rest
+        fut = executor.compat_vllm("collective_rpc")(
+            STEP_RPC, args=(scheduler_output,),
+            unique_reply_rank=getattr(executor, "output_rank", 0), non_block=True,
+            timeout=getattr(envs, "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", None))
+        executor.compat_steps = [*executor.compat_steps, fut]
+        executor.compat_step_answer = None
+        settle(executor, keep_last=True)
+        return None
 
-        def execute_model(self, scheduler_output, non_block: bool = False):
-            if non_block:  # a caller that handles futures itself: vLLM's own path
-                _settle(self)
-                return base.execute_model(self, scheduler_output, non_block=True)
-            from vllm import envs
+    def sample_tokens(self, executor, call, grammar_output=None, *args, **kwargs):
+        answer = executor.compat_step_answer
+        if answer is not _executor.NOTHING and not args and not kwargs.get("non_block"):
+            executor.compat_step_answer = _executor.NOTHING
+            return answer  # sampled inside the step already
+        settle(executor)
+        return call(grammar_output, *args, **kwargs)
 
-            fut = base.collective_rpc(
-                self, STEP_RPC, args=(scheduler_output,),
-                unique_reply_rank=getattr(self, "output_rank", 0), non_block=True,
-                timeout=getattr(envs, "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", None))
-            self.__dict__.setdefault("_compat_steps", []).append(fut)
-            self._compat_sample_answer = None
-            _settle(self, keep_last=True)
-            return None
-
-        def sample_tokens(self, grammar_output=None, *args, **kwargs):
-            answer = self.__dict__.get("_compat_sample_answer", _NONE_PENDING)
-            if answer is not _NONE_PENDING and not args and not kwargs.get("non_block"):
-                self._compat_sample_answer = _NONE_PENDING
-                return answer  # sampled inside the step already
-            _settle(self)
-            return base.sample_tokens(self, grammar_output, *args, **kwargs)
-
-        @functools.wraps(base.collective_rpc)  # later probes read its signature
-        def collective_rpc(self, method, *args, **kwargs):
-            _settle(self)
-            self._compat_sample_answer = _NONE_PENDING
-            return base.collective_rpc(self, method, *args, **kwargs)
-
-        patcher.setattr(gen, "MultiprocExecutor", _helpers.subclass(
-            base, self.name, {"execute_model": execute_model, "sample_tokens": sample_tokens,
-                              "collective_rpc": collective_rpc}))
+    def rpc(self, executor, call, method, *args, **kwargs):
+        settle(executor)
+        executor.compat_step_answer = _executor.NOTHING
+        return call(method, *args, **kwargs)

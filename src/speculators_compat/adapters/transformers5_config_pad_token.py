@@ -44,6 +44,8 @@ class Transformers5ConfigPadToken(Adapter):
     remove_when = "speculators < 0.5 support is dropped"
     stage = Stage.BEFORE_GENERATOR_IMPORT  # imports speculators.models.eagle, not the generator
     targets = (f"{EAGLE}:EagleSpeculator.__init__",)
+    #: It imports speculators' configs, which only the fixes of these build.
+    after = ("transformers5_config_torch", "transformers5_config_dataclass")
 
     def probe(self, ctx: Context) -> Verdict:
         base, early = _probes.config_base(ctx)

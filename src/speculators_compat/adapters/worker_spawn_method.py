@@ -37,6 +37,8 @@ class WorkerSpawnMethod(GeneratorAdapter):
     vllm_range = None
     remove_when = "speculators < 0.5 support is dropped"
     targets = _targets.in_generator("VllmHiddenStatesGenerator.__init__")
+    #: Outside spawn_main_guard's __init__ wrapper, which must see the start method set here.
+    after = ("spawn_main_guard",)
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         envs = importlib.import_module("vllm.envs")

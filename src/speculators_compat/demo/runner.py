@@ -203,8 +203,8 @@ def run_check(model_path: str, *, layer_ids: Sequence[int] | None, batches: Sequ
                 result["extra"] = steps("extra checks", extra_checks, gen, outputs)
             layers = sorted(set(gen.layer_ids))
             result["layer_ids"] = layers
-            receiver = getattr(getattr(gen, "executor", None), "__dict__", {}).get(
-                "_compat_receiver")  # the transport's driver side, if used
+            # the transport's driver side, if used
+            receiver = getattr(getattr(gen, "executor", None), "compat_receiver", None)
             result["transport"] = None if receiver is None else dict(receiver.stats)
         finally:
             del gen

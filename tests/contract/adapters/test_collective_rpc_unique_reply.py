@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import inspect
 
+from ..expectations import V, applied_if
 from ..support import (
     BY_NAME,
-    V,
     _check_executor_shim,
     one,
 )
 
 NAME = "collective_rpc_unique_reply"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    lambda e: applied_if(e.vllm >= V("0.11.1.dev0") and e.speculators_03),
+    "unique_reply_rank returns a single result from 0.11.1; only 0.3.x indexes [0]")
 
 
 def test_legacy_call_shape(base, vllm_config):
@@ -42,6 +47,6 @@ def legacy_call_shape(base, gen, cfg, adapter):
     assert ("captured_states_list[0]" in src) == base.env.speculators_03
     assert SPECULATORS_LIST_REPLY_METHODS == {"_get_captured_states"}
     with one(base, adapter) as applied:
-        _check_executor_shim(gen, MultiprocExecutor, applied, {"collective_rpc"})
+        _check_executor_shim(gen, MultiprocExecutor, applied, NAME, {"collective_rpc"})
         # vLLM's own executor keeps its convention.
         assert returns_single_result(MultiprocExecutor) is single

@@ -30,6 +30,7 @@ from speculators_compat import _draft_layers
 from speculators_compat._errors import DraftLayersWarning
 from speculators_compat.adapters.draft_aux_layers import captures_layer_output
 
+from ..expectations import V, applied_if
 from ..support import (
     BY_NAME,
     activated,
@@ -39,6 +40,14 @@ from ..support import (
 )
 
 NAME = "draft_aux_layers"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    # speculators' own numbering vs. vLLM's (output of layer k = vLLM id k + 1) and a
+    # draft config that names no layers: every vLLM release, both speculators releases.
+    lambda e: applied_if(e.speculators < V("0.5.0.dev0")),
+    "the generator captures layer outputs and Eagle3SpeculatorConfig leaves "
+    "eagle_aux_hidden_state_layer_ids None; vLLM feeds the layer inputs (ids k + 1)")
 LAYERS = [0, 2, 4, 5]  # the tiny Llama has 6 layers; its vLLM default (2, 3, 3) differs
 
 

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import inspect
 
+from ..expectations import V, applied_if
 from ..support import (
     BY_NAME,
-    V,
     _check_executor_shim,
     one,
 )
 
 NAME = "executor_sample_tokens"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    lambda e: applied_if(e.vllm >= V("0.11.1.dev0") and e.speculators_03),
+    "execute_model/sample_tokens two-phase split in 0.11.1 (0.4 calls sample_tokens)")
 
 
 def test_legacy_call_shape(base, vllm_config):
@@ -32,7 +37,7 @@ def legacy_call_shape(base, gen, cfg, adapter):
         # 0.11.0: one-phase execute_model, as speculators was written for.
         assert not hasattr(MultiprocExecutor, "sample_tokens")
         with one(base, adapter) as applied:
-            _check_executor_shim(gen, MultiprocExecutor, applied, set())
+            _check_executor_shim(gen, MultiprocExecutor, applied, NAME, set())
         assert not applied
         return
     # Upstream shape this adapter was written for (0.11.1+): two phases.
@@ -44,5 +49,5 @@ def legacy_call_shape(base, gen, cfg, adapter):
     # 0.3.0 never completes a step; 0.4 calls sample_tokens itself.
     assert ("sample_tokens(" in src) == base.env.speculators_04
     with one(base, adapter) as applied:
-        _check_executor_shim(gen, MultiprocExecutor, applied,
+        _check_executor_shim(gen, MultiprocExecutor, applied, NAME,
                              {"execute_model", "sample_tokens"})

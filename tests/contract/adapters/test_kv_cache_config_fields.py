@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import importlib.util
 
+from ..expectations import kv_engine_sets
 from ..support import (
     BY_NAME,
     KV_UTILS,
@@ -23,6 +24,11 @@ from ..support import (
 )
 
 NAME = "kv_cache_config_fields"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    kv_engine_sets,
+    "KVCacheConfig gained engine-set kv_cache_layout/hash_block_size/... (0.29-0.32)")
 
 
 def test_legacy_call_shape(base, vllm_config):

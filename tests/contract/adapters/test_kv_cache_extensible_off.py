@@ -11,12 +11,19 @@ declared targets only) are in tests/contract/test_every_adapter.py.
 
 from __future__ import annotations
 
+from ..expectations import V, applied_if
 from ..support import (
     BY_NAME,
     one,
 )
 
 NAME = "kv_cache_extensible_off"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    # verified: absent in 0.16 and 0.32 (CacheConfig), present in 0.34.0.
+    lambda e: applied_if(e.vllm >= V("0.34.0.dev0")),
+    "CacheConfig.enable_extensible_kv_cache (on by default on CUDA) from 0.34")
 FIELD = "enable_extensible_kv_cache"
 
 

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from ..expectations import applied_if
 from ..support import (
     BY_NAME,
     CONFIG_GEN,
@@ -26,6 +27,11 @@ from ..support import (
 )
 
 NAME = "no_gpu_kv_sizing"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    lambda e: applied_if(not e.cuda and e.cpu_platform),
+    "speculators sizes the KV cache from CUDA free memory; no CUDA here")
 
 
 def test_legacy_call_shape(base, vllm_config):

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import inspect
 
+from ..expectations import V, applied_if
 from ..support import (
     BY_NAME,
-    V,
     one,
 )
 
 NAME = "prefix_caching_off"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    lambda e: applied_if(e.vllm >= V("0.12.0.dev0") and e.speculators_03),
+    "CacheConfig.enable_prefix_caching defaults to True from 0.12 (0.4 sets it off)")
 
 
 def test_legacy_call_shape(base, vllm_config):

@@ -14,16 +14,21 @@ import importlib.util
 
 import pytest
 
+from ..expectations import V, applied_if
 from ..support import (
     BY_NAME,
     KV_UTILS,
-    V,
     kv_config_for,
     one,
     resolved_config,
 )
 
 NAME = "scheduler_block_size"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    lambda e: applied_if(e.vllm >= V("0.11.1.dev0")),
+    "Scheduler.__init__ requires block_size from 0.11.1")
 
 
 def test_legacy_call_shape(base, vllm_config):

@@ -13,10 +13,10 @@ from collections import Counter
 
 import pytest
 
+from ..expectations import V, applied_if
 from ..support import (
     BY_NAME,
     MAX_NUM_SEQS,
-    V,
     build_vllm_config,
     drive_like_speculators_03,
     drive_like_speculators_04,
@@ -28,6 +28,16 @@ from ..support import (
 )
 
 NAME = "scheduler_prefill_only"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    # A speculators hazard, not a vLLM change: speculators never calls
+    # update_from_output, so prefilled requests stay `running` on every V1
+    # scheduler (>max_num_seqs sequences never scheduled in 0.4; chunked prompts
+    # aborted mid-prefill in 0.3). Not for 0.3 on 0.11.x, where SchedulerConfig leaves
+    # chunked prefill off by default (0.3's loop finishes what it scheduled).
+    lambda e: applied_if(not (e.speculators_03 and e.vllm < V("0.12.0.dev0"))),
+    "speculators' step loop never finishes prefilled requests (V1, chunked prefill)")
 
 
 def test_legacy_call_shape(base, vllm_config):

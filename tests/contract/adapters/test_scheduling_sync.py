@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import inspect
 
+from ..expectations import V, applied_if
 from ..support import (
     BY_NAME,
     SCHEDULER_CONFIG_03,
-    V,
     one,
 )
 
 NAME = "scheduling_sync"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    lambda e: applied_if(e.vllm >= V("0.14.0.dev0")),
+    "async_scheduling resolves to True for mp/uni executors from 0.14")
 
 
 def test_legacy_call_shape(base, vllm_config):

@@ -19,9 +19,18 @@ from helpers import checkpoint
 from speculators_compat._errors import CompatError
 from speculators_compat.adapters import _probes
 
+from ..expectations import V, applied_if
 from ..support import BY_NAME, one
 
 NAME = "spawn_main_guard"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    # The generator starts MultiprocExecutor itself on every release; whether its
+    # workers spawn is decided per construction (the adapter checks it there).
+    lambda e: applied_if(e.speculators < V("0.5.0.dev0")),
+    "spawned workers run the main script again; an unguarded one builds a generator "
+    "in every worker")
 
 # Out-of-range layer ids: speculators' __init__ raises ValueError before it builds anything.
 BUILD = ("from speculators.data_generation.vllm_hidden_states_generator import "

@@ -14,6 +14,7 @@ import importlib.util
 
 from speculators_compat import _env
 
+from ..expectations import NOT_NEEDED, V
 from ..support import (
     BY_NAME,
     GEN,
@@ -25,6 +26,13 @@ from ..support import (
 )
 
 NAME = "speculators_supported"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    # A scope check that never patches: not-needed for releases with the in-process
+    # generator (0.3/0.4); raises UnsupportedError for >= 0.5 (not installable here).
+    lambda e: NOT_NEEDED if e.speculators < V("0.5.0.dev0") else None,
+    "speculators 0.5 replaced the in-process generator")
 
 
 def test_legacy_call_shape(base, vllm_config):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from ..expectations import applied_if
 from ..support import (
     BY_NAME,
     _build_vllm_config,
@@ -19,6 +20,14 @@ from ..support import (
 )
 
 NAME = "worker_spawn_method"
+
+#: Its expected status on the installed release, and why (read by ``expectations.py``).
+EXPECTED = (
+    # The suite runs with VLLM_WORKER_MULTIPROC_METHOD unset (as a user would); vLLM
+    # forces spawn only on its own engine paths, not for a MultiprocExecutor built
+    # directly; but on CPU, building a VllmConfig sets it as a side effect.
+    lambda e: applied_if(not e.cpu_platform),
+    "the generator starts MultiprocExecutor itself; fork breaks with CUDA initialised")
 
 
 def test_legacy_call_shape(base, vllm_config):

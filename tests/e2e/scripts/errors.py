@@ -104,7 +104,7 @@ if __name__ == "__main__":
     section(out, "workers_asked", workers_asked)
 
     def transport_stats():
-        receiver = gen.executor.__dict__.get("_compat_receiver")
+        receiver = getattr(gen.executor, "compat_receiver", None)
         return None if receiver is None else dict(receiver.stats)
 
     def failed_step_then_next_call(step=1, seed=11, next_len=(5, 40)):

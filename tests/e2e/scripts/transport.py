@@ -52,7 +52,7 @@ if __name__ == "__main__":
                 "dtype": sorted({str(t.dtype) for t in tensors}) == [str(torch.bfloat16)]}
 
     def checks(gen, outputs):
-        receiver = gen.executor.__dict__.get("_compat_receiver")
+        receiver = getattr(gen.executor, "compat_receiver", None)
         return {"worker_stats": gen.executor.collective_rpc(worker_stats),
                 "driver_stats": None if receiver is None else dict(receiver.stats),
                 "driver_fallback": None if receiver is None else receiver.fallback_reason,
