@@ -631,7 +631,7 @@ class Launch:
     def resume_command(self, rep: Replica) -> str:
         a, b = rep.failed_range or rep.block
         prefix = f"CUDA_VISIBLE_DEVICES={rep.env['CUDA_VISIBLE_DEVICES']} " \
-            if "CUDA_VISIBLE_DEVICES" in rep.env else ""
+            if self.gpus() else ""
         flags = ["--data-parallel", "1", "--world-size", "1", "--rank", "0",
                  "--indices", f"{a}:{rep.block[1]}"]
         if self.per != 1:

@@ -298,3 +298,121 @@ def test_a_plain_run_warns_of_samples_its_resume_skips(tmp_path):
     assert dp.plain_run_gaps(["--output-dir", str(tmp_path), "--start-idx", "2"]) is None
     assert dp.plain_run_gaps(["--output-dir", str(tmp_path / "new")]) is None
     assert dp.plain_run_gaps([]) is None
+
+
+# ---------------------------------------------------------------------------- the flow
+class FakeScript:
+    """Stands in for a replica's process: does what speculators 0.4's offline script does
+    for its range (through the same torch.save wrapper), or dies after ``die_after``
+    saves. Records the ranges it was asked for."""
+
+    def __init__(self, die_after: dict[int, int] | None = None) -> None:
+        self.ranges: list[tuple[int, int]] = []
+        self.die_after = die_after or {}
+
+    def __call__(self, cmd, env, **kwargs):
+        cfg = json.loads(env[hooks.ENV])
+        scratch = cfg["scratch"]
+        resume_at = max([int(n[5:-3]) + 1 for n in os.listdir(scratch)
+                         if n.startswith("data_") and n.endswith(".pt")], default=0)
+        a, b = resume_at, cfg["stop"]
+        self.ranges.append((a, b))
+        save = hooks.make_save(torch.save, cfg)
+        lengths = {}
+        for i in range(a, b):
+            if self.die_after.get(a) == i - a:
+                return FakeProc(-9)
+            save(sample(2 + i % 3, i), os.path.join(scratch, f"data_{i}.pt"))
+            lengths[str(i)] = 2 + i % 3
+        with open(os.path.join(scratch, "sample_lengths.json"), "w") as f:
+            json.dump(lengths, f)
+        with open(os.path.join(scratch, "data_config.json"), "w") as f:
+            json.dump(_config(f"2026-12-06T10:00:{a:02d}", " ".join(cmd[4:]), b), f)
+        return FakeProc(0)
+
+
+class FakeProc:
+    pid = 0
+
+    def __init__(self, rc: int) -> None:
+        self.returncode = rc
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+def _launch(tmp_path, monkeypatch, fake, replicas=2, rank=0, world=1, samples=10,
+            gpus=""):
+    script = tmp_path / "data_generation_offline.py"
+    script.write_text("")
+    monkeypatch.setattr(dp.subprocess, "Popen", fake)
+    monkeypatch.setattr(dp.os, "killpg", lambda *a: None)
+    monkeypatch.setattr(dp.Launch, "count", lambda self: samples)
+    monkeypatch.setattr(dp.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    import io
+
+    stream = io.StringIO()
+    launch = dp.Launch(str(script), ["--output-dir", str(tmp_path / "out"), "--seed", "0"],
+                       replicas, 1, None, dp.Task(rank, world), {"CUDA_VISIBLE_DEVICES": gpus},
+                       stream)
+    return launch.run(), stream.getvalue()
+
+
+def test_two_tasks_fill_one_folder_and_the_last_one_merges(tmp_path, monkeypatch):
+    """Rank 0 of 2 writes its blocks and waits for the others; rank 1 completes the set
+    and writes the metadata of one run; the work folder goes."""
+    fake = FakeScript()
+    rc, text = _launch(tmp_path, monkeypatch, fake, rank=0, world=2)
+    out = tmp_path / "out"
+    assert rc == 0 and "waiting on other tasks (5-9)" in text, text
+    assert not (out / "sample_lengths.json").exists()
+    rc, text = _launch(tmp_path, monkeypatch, fake, rank=1, world=2)
+    assert rc == 0 and "all 10 samples present" in text, text
+    assert sorted(fake.ranges) == [(0, 2), (2, 5), (5, 7), (7, 10)]
+    assert json.loads((out / "sample_lengths.json").read_text()) == {
+        str(i): 2 + i % 3 for i in range(10)}
+    config = json.loads((out / "data_config.json").read_text())
+    assert config["data"]["num_samples"] == 10
+    assert config["reproducibility"]["command"] == \
+        f"data_generation_offline.py --output-dir {out} --seed 0"
+    assert sorted(os.listdir(out)) == sorted(
+        [f"data_{i}.pt" for i in range(10)] + ["sample_lengths.json", "data_config.json"])
+
+
+def test_a_dead_replica_is_reported_and_a_rerun_generates_only_what_is_missing(
+        tmp_path, monkeypatch):
+    fake = FakeScript(die_after={5: 2})  # the replica of data_5..9 dies after 2 saves
+    rc, text = _launch(tmp_path, monkeypatch, fake)
+    assert rc == 1, text
+    assert "replica 1 (CPU) FAILED (exit -9) in data_5..data_9 of its block data_5..data_9" \
+        in text, text
+    assert "resume it alone: speculators-compat run --data-parallel 1 --world-size 1 " \
+           "--rank 0 --indices 5:10" in text, text
+    out = tmp_path / "out"
+    (out / "data_1.pt").unlink()  # and a file lost in the other block
+    fake2 = FakeScript()
+    rc, text = _launch(tmp_path, monkeypatch, fake2)
+    assert rc == 0, text
+    assert sorted(fake2.ranges) == [(1, 2), (7, 10)]
+    assert "4 sample(s) generated" in text
+    assert json.loads((out / "sample_lengths.json").read_text()) == {
+        str(i): 2 + i % 3 for i in range(10)}
+    assert not (out / dp.WORK).exists()
+
+
+def test_a_dead_replica_on_a_gpu_is_resumed_on_its_gpu(tmp_path, monkeypatch):
+    envs = []
+
+    def fake(cmd, env, **kwargs):
+        envs.append(env)
+        return FakeScript(die_after={5: 0})(cmd, env, **kwargs)
+
+    rc, text = _launch(tmp_path, monkeypatch, fake, gpus="6,7")
+    assert rc == 1
+    assert sorted(e["CUDA_VISIBLE_DEVICES"] for e in envs) == ["6", "7"]
+    assert "replica 1 (GPU 7) FAILED" in text
+    assert "resume it alone: CUDA_VISIBLE_DEVICES=7 speculators-compat run --data-parallel 1 " \
+        in text, text
