@@ -425,8 +425,7 @@ class Launch:
                 f"{gpus_per_replica} differ: each replica's generator uses the GPUs it is "
                 "given; pass the same number to both (or drop --tensor-parallel-size)")
         self.report_file = self.environ.get(_env.REPORT_FILE) or None
-        self.progress_s = float(self.environ.get("SPECULATORS_COMPAT_DP_PROGRESS_S",
-                                                 PROGRESS_S))
+        self.progress_s = float(self.environ.get(_env.DATA_PARALLEL_PROGRESS_S, PROGRESS_S))
 
     # ---------------------------------------------------------------- small helpers
     def say(self, text: str) -> None:

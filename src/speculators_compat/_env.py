@@ -20,6 +20,11 @@ VLLM_VERSION = "SPECULATORS_COMPAT_VLLM_VERSION"
 BATCH_INVARIANT = "SPECULATORS_COMPAT_BATCH_INVARIANT"
 #: Path of a JSON file the report is written to after activation (provenance).
 REPORT_FILE = "SPECULATORS_COMPAT_REPORT_FILE"
+#: Set by ``run --data-parallel`` in the processes it starts (``_offline_hooks``): JSON,
+#: what the replica generates.
+DATA_PARALLEL = "SPECULATORS_COMPAT_DATA_PARALLEL"
+#: Seconds between ``run --data-parallel``'s progress lines (default 30).
+DATA_PARALLEL_PROGRESS_S = "SPECULATORS_COMPAT_DP_PROGRESS_S"
 
 TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 

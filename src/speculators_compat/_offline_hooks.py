@@ -39,9 +39,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from . import _env
+
 #: Set by the data-parallel launcher in the processes it starts: a JSON object, see
 #: :func:`replica_config`.
-ENV = "SPECULATORS_COMPAT_DATA_PARALLEL"
+ENV = _env.DATA_PARALLEL
 DATA_NAME = re.compile(r"^data_(\d+)\.pt$")
 #: What a save killed before its rename leaves of ``data_<i>.pt`` (:func:`temporary_name`).
 TEMPORARY = re.compile(r"^data_(\d+)\.tmp[0-9a-f]{12}$")
