@@ -153,6 +153,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     """
     import speculators_compat
 
+    strays = [flag for flag, value in (("--gpus-per-replica", args.gpus_per_replica != 1),
+                                       ("--indices", args.indices),
+                                       ("--rank", args.rank is not None),
+                                       ("--world-size", args.world_size)) if value]
+    if args.data_parallel is None and strays:
+        print(f"speculators-compat run: {', '.join(strays)} only with --data-parallel N",
+              file=sys.stderr)
+        return 2
     if not args.module and not os.path.isfile(args.target):
         print(f"speculators-compat run: {args.target}: no such file (use -m for a module)",
               file=sys.stderr)

@@ -416,3 +416,12 @@ def test_a_dead_replica_on_a_gpu_is_resumed_on_its_gpu(tmp_path, monkeypatch):
     assert "replica 1 (GPU 7) FAILED" in text
     assert "resume it alone: CUDA_VISIBLE_DEVICES=7 speculators-compat run --data-parallel 1 " \
         in text, text
+
+
+def test_the_launcher_flags_need_data_parallel_and_a_script(capsys):
+    from speculators_compat.__main__ import main
+
+    assert main(["run", "--indices", "1:3", "--rank", "0", "x.py"]) == 2
+    assert "--indices, --rank only with --data-parallel N" in capsys.readouterr().err
+    assert main(["run", "--data-parallel", "2", "-m", "json.tool"]) == 2
+    assert "not a module (-m)" in capsys.readouterr().err
