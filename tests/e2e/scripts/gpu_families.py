@@ -91,6 +91,27 @@ def _needs_flashinfer_standin(family: str) -> bool:
     return family.startswith("qwen3_5") and importlib.util.find_spec("flashinfer") is None
 
 
+def hide_cuda_toolkit(env: dict) -> None:
+    """With the stand-in importable, vLLM's ``has_flashinfer()`` would answer True where
+    the machine has nvcc and ninja (FlashInfer's JIT) and then run FlashInfer's autotuner
+    and backends, which the stand-in does not have ("No module named
+    'flashinfer.autotuner'", H100, 2026-12-06). A ``CUDA_HOME`` without ``bin/nvcc`` makes
+    it answer False, as on a machine without FlashInfer (standins/README.md)."""
+    env["CUDA_HOME"] = str(STANDINS / "no-cuda-toolkit")
+    env.pop("CUDA_PATH", None)
+
+
+def _log_tail(log: Path, limit: int = 4000) -> str:
+    """The end of a failed run's log from its last traceback on (the families JSON comes
+    back from the device; the logs may not)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    at = text.rfind("Traceback (most recent call last)")
+    return (text[at:] if at >= 0 else text)[-limit:]
+
+
 def run_one(family: str, release: str, spec_path: str, a) -> dict:
     layers, extra = PLAN[family]
     out = Path(a.out) / f"{family}-{release}.json"
@@ -109,6 +130,7 @@ def run_one(family: str, release: str, spec_path: str, a) -> dict:
     standin = _needs_flashinfer_standin(family)
     if standin:
         env["PYTHONPATH"] = os.pathsep.join((str(STANDINS), env["PYTHONPATH"]))
+        hide_cuda_toolkit(env)
     t0 = time.time()
     with open(log, "w") as f:
         try:
@@ -140,6 +162,7 @@ def run_one(family: str, release: str, spec_path: str, a) -> dict:
     result["known_wrong"] = r.get("known_wrong")
     if not result["ok"]:
         result["why"] = _why(result.get("error"))
+        result["log_tail"] = _log_tail(log)
     return result
 
 

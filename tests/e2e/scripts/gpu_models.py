@@ -893,6 +893,10 @@ def _start(a, t: dict, results: dict, work: Path, n_gpus: int, rr: int) -> subpr
     env["PYTHONPATH"] = os.pathsep.join(([str(STANDINS)] if standin else [])
                                         + [str(ROOT / "src"), *spec_dir, str(HERE), str(BENCH)]
                                         + ([a.site] if a.site else []))
+    if standin:
+        from gpu_families import hide_cuda_toolkit
+
+        hide_cuda_toolkit(env)
     env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
     env.pop("SPECULATORS_COMPAT_ACTIVE", None)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
