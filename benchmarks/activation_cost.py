@@ -6,16 +6,18 @@ vLLM worker process, which an unchanged pipeline does not import there. A figure
 ``activate()`` alone hides that. This measures whole fresh interpreters, alternated, so
 each ratio is taken within one run:
 
-* ``driver``: ``import vllm`` alone against ``import vllm`` + ``import
-  speculators_compat`` + ``activate()`` + speculators' generator module (the pipeline's
-  driver imports that module anyway; without the shim it does not import at all on vLLM
-  0.18+, so there is no "plain" driver to compare with: the figure is an upper bound of
-  what the shim adds there);
-* ``worker``: a fresh interpreter's ``import vllm`` as a vLLM worker starts, without and
-  with the environment an activated driver hands its children (``SPECULATORS_COMPAT_ACTIVE``
-  and the bootstrap folder on ``PYTHONPATH``: the worker activates on that first import,
-  which imports speculators and its generator module too). This is the shim's whole cost
-  per worker process.
+* ``driver``: what speculators' generator module imports from vLLM, torch and
+  transformers (:data:`DRIVER_BASE`: the unchanged pipeline's driver imports all of it),
+  against ``import speculators_compat`` + ``activate()`` + the generator module itself
+  (which also imports speculators: an upper bound of what the shim adds, since without the
+  shim that module does not import at all on vLLM 0.18+);
+* ``worker``: what a vLLM worker process imports anyway (``multiproc_executor``, whose
+  ``WorkerProc`` is the worker's entry point, and the platform's worker class,
+  ``--worker-module``), run as a spawned child (``--multiprocessing-fork`` on its command
+  line), without and with the environment an activated driver hands its children
+  (``SPECULATORS_COMPAT_ACTIVE`` and the bootstrap folder on ``PYTHONPATH``: the worker
+  activates at its first import of vLLM, speculators and the generator module included).
+  This is the shim's whole start-up cost per worker process.
 
 Each sample is the wall time of the import statements inside the child (interpreter start
 excluded), the median over ``--rounds`` alternated pairs is reported, with the difference
@@ -41,12 +43,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GEN = "speculators.data_generation.vllm_hidden_states_generator"
 
-PROGRAMS = {
-    "vllm": "import vllm",
-    "driver-shim": ("import vllm; import speculators_compat; speculators_compat.activate(); "
-                    f"import {GEN}"),
-    "worker-shim": "import vllm",
-}
+#: The modules speculators 0.3/0.4's generator module imports (besides speculators).
+DRIVER_BASE = ("import torch, transformers, vllm.config, vllm.sampling_params, "
+               "vllm.v1.core.kv_cache_utils, vllm.v1.core.sched.scheduler, "
+               "vllm.v1.executor.multiproc_executor, vllm.v1.request, "
+               "vllm.v1.structured_output")
+
+
+def programs(worker_module: str) -> dict[str, str]:
+    worker = f"import vllm.v1.executor.multiproc_executor, {worker_module}"
+    return {
+        "driver-plain": DRIVER_BASE,
+        "driver-shim": (f"{DRIVER_BASE}; import speculators_compat; "
+                        f"speculators_compat.activate(); import {GEN}"),
+        "worker-plain": worker,
+        "worker-shim": worker,
+    }
 
 
 def _env(name: str) -> dict[str, str]:
@@ -63,12 +75,12 @@ def _env(name: str) -> dict[str, str]:
     return env
 
 
-def sample(name: str) -> float:
-    code = ("import time; t = time.perf_counter(); " + PROGRAMS[name]
+def sample(name: str, program: str) -> float:
+    code = ("import time; t = time.perf_counter(); " + program
             + "; print('T', time.perf_counter() - t)")
     # A worker's command line carries --multiprocessing-fork (what the interpreter-start
     # hook reads to give it the worker-phase activation); the baseline gets it too.
-    extra = ["--multiprocessing-fork"] if name.startswith(("worker", "vllm")) else []
+    extra = ["--multiprocessing-fork"] if name.startswith("worker") else []
     out = subprocess.run([sys.executable, "-c", code, *extra], env=_env(name), capture_output=True,
                          text=True, check=True, cwd=ROOT).stdout
     return float(next(ln for ln in out.splitlines() if ln.startswith("T "))[2:])
@@ -78,18 +90,21 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--json", default=None)
+    p.add_argument("--worker-module", default="vllm.v1.worker.cpu_worker",
+                   help="the platform's worker class module (GPU: vllm.v1.worker.gpu_worker)")
     a = p.parse_args()
-    times: dict[str, list[float]] = {k: [] for k in PROGRAMS}
-    sample("vllm")  # warm the file cache once
+    progs = programs(a.worker_module)
+    times: dict[str, list[float]] = {k: [] for k in progs}
+    sample("worker-plain", progs["worker-plain"])  # warm the file cache once
     for _ in range(a.rounds):
-        for name in PROGRAMS:
-            times[name].append(sample(name))
+        for name, program in progs.items():
+            times[name].append(sample(name, program))
     med = {k: statistics.median(v) for k, v in times.items()}
-    base = med["vllm"]
     result = {"date": time.strftime("%Y-%m-%d"), "python": sys.version.split()[0],
               "rounds": a.rounds, "median_s": med, "samples_s": times,
-              "driver_extra_s": med["driver-shim"] - med["vllm"],
-              "worker_extra_s": med["worker-shim"] - med["vllm"]}
+              "worker_module": a.worker_module,
+              "driver_extra_s": med["driver-shim"] - med["driver-plain"],
+              "worker_extra_s": med["worker-shim"] - med["worker-plain"]}
     try:
         import importlib.metadata as md
 
@@ -98,9 +113,9 @@ def main() -> int:
     except Exception:  # noqa: BLE001 - versions are informative
         pass
     for k in ("driver", "worker"):
-        extra = result[f"{k}_extra_s"]
-        print(f"{k}: +{extra:.3f} s with the shim ({100 * extra / base:.1f} % of import vllm, "
-              f"{base:.2f} s)")
+        extra, base = result[f"{k}_extra_s"], med[f"{k}-plain"]
+        print(f"{k}: +{extra:.3f} s with the shim ({100 * extra / base:.1f} % of the "
+              f"{base:.2f} s it imports anyway)")
     for k, v in med.items():
         print(f"  {k}: median {v:.3f} s ({', '.join(f'{x:.2f}' for x in times[k])})")
     if a.json:
