@@ -24,7 +24,10 @@ What the offline script writes (identical at v0.3.0 and v0.4.0.1 unless noted):
   is a warning, not an error).
 * Resume: the script restarts after the highest ``data_<i>.pt`` in ``--output-dir``
   (``find_last_checkpoint``), sample ``i - --start-idx``; ``--max-samples`` keeps the first
-  samples of the seeded shuffle. The regeneration commands rely on both.
+  samples of the seeded shuffle. The regeneration commands go through ``speculators-compat
+  run --data-parallel 1 --indices A:B``, which uses both and cuts the dataset to the range
+  (``--max-samples`` counts conversations before preprocessing drops any, so it alone
+  could stop early).
 
 The shim adds :data:`speculators_compat._draft_layers.LAYERS_FILE` (the captured layers);
 its layer ids and ``data_config.json``'s must agree.
@@ -60,8 +63,6 @@ SAMPLE_LENGTHS_FILE = "sample_lengths.json"
 DATA_NAME = re.compile(r"^data_(\d+)\.pt$")
 #: What the offline script is called in speculators' repository (not in the wheel).
 SCRIPT = "scripts/data_generation_offline.py"
-#: Options of the offline script the regeneration commands set themselves.
-SET_OPTIONS = ("--output-dir", "--max-samples", "--token-freq-path")
 #: Lines of bad files and regeneration ranges printed without ``--json``.
 SHOW = 20
 RENAME = "named "
@@ -474,31 +475,33 @@ def _without(args: list[str], options: Sequence[str]) -> list[str]:
 
 def regeneration(directory: str, indices: Sequence[int], config: Any,
                  has_lengths: bool, remove: Sequence[str] = ()) -> dict[str, Any]:
-    """Shell commands that regenerate ``indices`` with the offline script: one scratch
-    directory per contiguous range (``--output-dir``), an empty ``data_<a-1>.pt`` there so
-    the script resumes at index ``a``, ``--max-samples`` so it stops after ``b``, its own
-    ``--token-freq-path`` so the real one is kept; then the files are moved back (and
-    ``remove``, the other names of duplicated indices, deleted)."""
+    """Shell commands that regenerate ``indices``: per contiguous range, delete what is
+    there of it (cut-off or wrong files; a whole file would be kept) and run the recorded
+    command through ``speculators-compat run --data-parallel 1 --indices A:B`` into the
+    same directory, which generates exactly the files of that range that are missing
+    (``_data_parallel``: the script's own resume and dataset cut to the range, files
+    renamed into place whole, ``sample_lengths.json`` merged); then ``remove`` (the other
+    names of duplicated indices) is deleted and the directory checked again.
+    ``has_lengths`` is kept for the callers: the launcher merges the lengths itself."""
+    del has_lengths
     args = _recorded_args(config)
     start = _start_idx(config)
-    note = ("A suggestion, built from the offline script's --output-dir, --max-samples and "
-            "--token-freq-path options: it resumes after the highest data_<i>.pt in "
-            "--output-dir, and --max-samples keeps the first samples of the same seeded "
-            "shuffle. The scratch directories are beside the data, not in it: training "
-            "reads every file ending in 'pt' below it")
+    note = ("A suggestion: speculators-compat run --data-parallel 1 --indices A:B generates "
+            "exactly the missing files of A..B-1 with the recorded command (its dataset "
+            "and resume cut to that range), so the bad files are deleted first")
+    base = directory.rstrip("/") or directory
     if args:
         script = SCRIPT if os.path.basename(args[0]) == os.path.basename(SCRIPT) else args[0]
-        rest = _without(args[1:], SET_OPTIONS)
-        note += f"; the other options are the command {dl.DATA_CONFIG_FILE} records (the " \
-                "last run into the directory): check them before running"
+        rest = [*_without(args[1:], ("--output-dir",)), "--output-dir", base]
+        note += f"; the options are the command {dl.DATA_CONFIG_FILE} records (the last " \
+                "run into the directory): check them before running"
         if "--turn-dropout" in rest:
             note += "; --turn-dropout draws turns at random, so regenerated samples differ"
     else:
         script = SCRIPT
         rest = ["--target-model-path", "MODEL", "--train-data-path", "DATA",
-                "<the run's other options>"]
+                "<the run's other options>", "--output-dir", base]
         note += f"; no command recorded ({dl.DATA_CONFIG_FILE}): fill in the run's options"
-    base = directory.rstrip("/") or directory
     q = shlex.quote
     commands: list[list[str]] = []
     ranges = _ranges(indices)
@@ -507,28 +510,11 @@ def regeneration(directory: str, indices: Sequence[int], config: Any,
             commands.append([f"# {a}-{b}: below the recorded --start-idx {start}: written by "
                              "another run; regenerate with that run's options"])
             continue
-        scratch = f"{base}.regen-{a}-{b}"
-        lines = [f"mkdir {q(scratch)}"]
-        if a > 0:
-            lines.append(f"touch {q(os.path.join(scratch, f'data_{a - 1}.pt'))}"
-                         f"   # the script resumes after it: at index {a}")
-        lines.append(" ".join(["speculators-compat", "run", q(script), *map(q, rest),
-                               "--output-dir", q(scratch), "--max-samples",
-                               str(b - start + 1), "--token-freq-path",
-                               q(os.path.join(scratch, "token_freq.pt"))]))
         files = f"data_{a}.pt" if a == b else f"data_{{{a}..{b}}}.pt"
-        lines.append(f"mv {q(scratch)}/{files} {q(base)}/")
-        commands.append(lines)
+        commands.append([f"rm -f {q(base)}/{files}",
+                         " ".join(["speculators-compat", "run", "--data-parallel", "1",
+                                   "--indices", f"{a}:{b + 1}", q(script), *map(q, rest)])])
     after = [f"rm {' '.join(q(os.path.join(base, n)) for n in remove)}"] if remove else []
-    if has_lengths:
-        lengths = os.path.join(base, SAMPLE_LENGTHS_FILE)
-        scratches = [f"{base}.regen-{a}-{b}" for a, b in ranges if a >= start]
-        after.append(
-            "python -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); "
-            "[d.update(json.load(open(s))) for s in sys.argv[2:]]; "
-            "json.dump(d, open(p, \"w\"), indent=2)' "
-            + " ".join(q(x) for x in [lengths, *(os.path.join(s, SAMPLE_LENGTHS_FILE)
-                                                  for s in scratches)]))
     after.append(f"speculators-compat check-data {q(base)}")
     return {"note": note, "ranges": [list(r) for r in ranges], "commands": commands,
             "then": after}

@@ -84,20 +84,16 @@ def test_missing_index(tmp_path, capsys):
     assert result["exit"] == 1 and bad(result) == {3: "missing"}
     regen = result["regenerate"]
     assert regen["ranges"] == [[3, 3]]
-    assert "suggestion" in regen["note"] and "--max-samples" in regen["note"]
-    mkdir, touch, run, mv = regen["commands"][0]
-    scratch = f"{d}.regen-3-3"
-    assert mkdir == f"mkdir {scratch}"
-    assert touch.startswith(f"touch {scratch}/data_2.pt")
+    assert "suggestion" in regen["note"] and "--data-parallel 1 --indices" in regen["note"]
+    rm, run = regen["commands"][0]
+    assert rm == f"rm -f {d}/data_3.pt"
     args = shlex.split(run)
-    assert args[:3] == ["speculators-compat", "run", "scripts/data_generation_offline.py"]
-    # the recorded options, less those the command sets itself
-    assert "/old/out" not in args and "100" not in args
-    assert args[args.index("--max-samples") + 1] == "4"
-    assert args[args.index("--output-dir") + 1] == scratch
-    assert args[args.index("--token-freq-path") + 1] == f"{scratch}/token_freq.pt"
+    assert args[:7] == ["speculators-compat", "run", "--data-parallel", "1", "--indices",
+                        "3:4", "scripts/data_generation_offline.py"]
+    # the recorded options, the output directory set to this one
+    assert "/old/out" not in args and args[args.index("--output-dir") + 1] == d
+    assert args[args.index("--max-samples") + 1] == "100"
     assert args[args.index("--seq-length") + 1] == "64"
-    assert mv == f"mv {scratch}/data_3.pt {d}/"
     assert regen["then"][-1] == f"speculators-compat check-data {d}"
     assert main(["check-data", d]) == 1
     out = capsys.readouterr().out
@@ -114,7 +110,8 @@ def test_missing_tail_without_sample_lengths(tmp_path):
     assert bad(result) == {4: "missing", 5: "missing"}
     assert result["regenerate"]["ranges"] == [[4, 5]]
     assert any("sample_lengths.json" in w for w in result["warnings"])
-    assert result["regenerate"]["commands"][0][-1] == f"mv {d}.regen-4-5/data_{{4..5}}.pt {d}/"
+    assert result["regenerate"]["commands"][0][0] == f"rm -f {d}/data_{{4..5}}.pt"
+    assert "--indices 4:6 " in result["regenerate"]["commands"][0][1]
 
 
 def test_truncated_file(tmp_path):
@@ -249,7 +246,7 @@ def test_without_metadata_the_files_agree_among_themselves(tmp_path):
     result = cd.check(d, jobs=1)
     assert bad(result) == {5: "2 hidden states, 4 layers captured"}
     assert any("data_config.json" in w for w in result["warnings"])
-    run = result["regenerate"]["commands"][0][2]
+    run = result["regenerate"]["commands"][0][1]
     assert "--target-model-path MODEL" in run and "fill in" in result["regenerate"]["note"]
 
 
@@ -286,18 +283,15 @@ def test_regeneration_ranges_and_start_idx():
     plan = cd.regeneration("/data/out/", [12, 13, 14, 20, 3], config, has_lengths=True)
     assert plan["ranges"] == [[3, 3], [12, 14], [20, 20]]
     assert plan["commands"][0][0].startswith("# 3-3: below the recorded --start-idx 10")
-    mkdir, touch, run, mv = plan["commands"][1]
-    assert touch.startswith("touch /data/out.regen-12-14/data_11.pt")
+    rm, run = plan["commands"][1]
+    assert rm == "rm -f /data/out/data_{12..14}.pt"
     args = shlex.split(run)
     assert "--output-dir=/x" not in args and args[args.index("--start-idx") + 1] == "10"
-    assert args[args.index("--max-samples") + 1] == "5"  # samples 0..4 = files 10..14
-    assert mv == "mv /data/out.regen-12-14/data_{12..14}.pt /data/out/"
+    assert args[args.index("--indices") + 1] == "12:15"
+    assert args[args.index("--output-dir") + 1] == "/data/out"
     assert "--turn-dropout" in plan["note"]
-    merge = plan["then"][0]
-    assert "/data/out/sample_lengths.json" in merge and "/data/out.regen-20-20/" in merge
-    assert "regen-3-3" not in merge
-    # index 0: no placeholder to resume after
-    assert len(cd.regeneration("/d", [0, 1], {}, False)["commands"][0]) == 3
+    assert plan["then"] == ["speculators-compat check-data /data/out"]
+    assert cd.regeneration("/d", [0, 1], {}, False)["commands"][0][0] == "rm -f /d/data_{0..1}.pt"
 
 
 def test_not_a_directory_and_no_files(tmp_path, capsys):
