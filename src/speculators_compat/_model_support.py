@@ -11,6 +11,15 @@ Known today:
   decoder layers then return ``(hidden_states, prefix_sum, residual)`` with a per-block
   residual; a layer's output is not their sum, and the capture cannot read it (read from
   vLLM 0.34's ``vllm/models/kimi_k3``; ``_capture.layer_output`` refuses it at run time too).
+- **Hyper-connections** (DeepSeek-V4, DeepSeek-V4.1, HY-V4: ``hc_mult`` > 1 residual
+  streams): vLLM 0.34's decoder layers return ``(x, residual, post_mix, res_mix)``; a
+  layer's output is ``hc_mult`` streams, which transformers' ``output_hidden_states``
+  returns as they are (``[batch, seq, hc_mult, hidden]``) and vLLM's own EAGLE-3 path
+  collapses with its ``mhc_post`` kernel and a mean over the streams
+  (``vllm/models/deepseek_v4/nvidia/model.py``). speculators 0.3/0.4 store one
+  ``[tokens, hidden]`` tensor per layer and the capture computes neither, so these models
+  are refused rather than given a third meaning (``_capture.layer_output`` refuses the
+  four-value return at run time too).
 
 Measured on an H200 with vLLM 0.26.0 (docs/gpu.md "Real-shape models"):
 
@@ -75,8 +84,26 @@ def gpu_platform() -> bool:
         return False
 
 
+def hyper_connection_streams(config: Any) -> int:
+    """How many residual streams a config keeps (``hc_mult``; 1 without hyper-connections)."""
+    try:
+        return int(getattr(_text_config(config), "hc_mult", None) or 1)
+    except (TypeError, ValueError):
+        return 1
+
+
 def refusal(config: Any, *, gpu: bool, drops_block_stride: bool) -> str | None:
     """Why the generator cannot run this model here, or None (pure: the probes are arguments)."""
+    streams = hyper_connection_streams(config)
+    if streams > 1:
+        arch = ",".join(getattr(config, "architectures", None) or []) or "this model"
+        return (f"speculators-compat: {arch} keeps {streams} residual streams "
+                "(hyper-connections, hc_mult): its decoder layers' output is not one "
+                "hidden-state tensor (transformers returns all streams; vLLM's EAGLE-3 path "
+                "collapses them with its mhc_post kernel and a mean), and speculators 0.3/0.4's "
+                "capture cannot read it. Not supported by the shim: extract this model's "
+                "hidden states with vLLM's own extract_hidden_states (what speculators >= 0.5 "
+                "uses).")
     if getattr(_text_config(config), "attn_res_block_size", None) is not None:
         arch = ",".join(getattr(config, "architectures", None) or []) or "this model"
         return (f"speculators-compat: {arch} uses attention-residual blocks "

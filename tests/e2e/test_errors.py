@@ -144,3 +144,21 @@ def test_generator_built_outside_the_main_guard_is_refused_before_workers_start(
     msg = r["message"]
     assert f"{r['script']} (line " in msg and 'if __name__ == "__main__":' in msg, msg
     assert r["children"] == 0 and r["seconds"] < 1, r  # about 1 ms; starting takes 10+ s
+
+
+def test_hyper_connection_model_is_refused_before_anything_loads(tmp_path):
+    """A DeepSeek-V4 config (transformers' own class, 4 residual streams) with no weights
+    and no tokenizer: speculators' unchanged generator is refused at construction, naming
+    the streams and what to use instead, before any worker starts."""
+    require_speculators()
+    import transformers
+
+    config_class = getattr(transformers, "DeepseekV4Config", None)
+    if config_class is None:
+        pytest.skip(f"transformers {transformers.__version__} has no DeepseekV4Config")
+    config_class(architectures=["DeepseekV4ForCausalLM"], num_hidden_layers=2).save_pretrained(
+        tmp_path)
+    r = run_script("refused_model.py", "--model", str(tmp_path))
+    assert r["raised"] == "CompatError", r
+    assert "4 residual streams" in r["message"] and "extract_hidden_states" in r["message"]
+    assert r["children"] == 0 and r["seconds"] < 5, r

@@ -78,3 +78,23 @@ def test_attention_residual_blocks_are_refused_before_loading():
     assert refusal(wrapped, gpu=True, drops_block_stride=False)
     plain = SimpleNamespace(architectures=["KimiLinearForCausalLM"], attn_res_block_size=None)
     assert refusal(plain, gpu=True, drops_block_stride=True) is None
+
+
+def test_hyper_connections_are_refused_before_loading():
+    """DeepSeek-V4-style configs (``hc_mult`` > 1, read with transformers' own config class
+    where it has one): refused on every platform, naming the streams and what to use
+    instead; ``hc_mult`` 1 is a plain residual and is not refused."""
+    transformers = pytest.importorskip("transformers")
+    config_class = getattr(transformers, "DeepseekV4Config", None)
+    cfg = (config_class(architectures=["DeepseekV4ForCausalLM"]) if config_class else
+           SimpleNamespace(architectures=["DeepseekV4ForCausalLM"], hc_mult=4))
+    assert ms.hyper_connection_streams(cfg) == 4
+    for gpu in (True, False):
+        why = ms.refusal(cfg, gpu=gpu, drops_block_stride=False)
+        assert why and "DeepseekV4ForCausalLM" in why and "4 residual streams" in why
+        assert "extract_hidden_states" in why
+    wrapped = SimpleNamespace(architectures=["DeepseekV4ForConditionalGeneration"],
+                              text_config=SimpleNamespace(hc_mult=4))
+    assert ms.refusal(wrapped, gpu=True, drops_block_stride=False)
+    one = SimpleNamespace(architectures=["X"], hc_mult=1)
+    assert ms.refusal(one, gpu=True, drops_block_stride=True) is None
