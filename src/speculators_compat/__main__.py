@@ -10,8 +10,9 @@
   existing data-generation command works by prefixing it. Every Python process it
   starts (vLLM's workers included) activates at interpreter start (``_bootstrap``).
   ``data_<i>.pt`` files are saved whole (``_offline_hooks``).
-* ``run --data-parallel N [--gpus-per-replica K] SCRIPT [ARGS...]``: N replicas of
-  speculators' offline script on disjoint sample ranges and devices, one output folder;
+* ``run --data-parallel N [--gpus-per-replica K] [--replicas-per-gpu M] SCRIPT [ARGS...]``:
+  N replicas of speculators' offline script on disjoint sample ranges and devices (or M
+  replicas per GPU, each with 1/M of its memory), one output folder;
   multi-node under torchrun / SLURM / Open MPI; a rerun generates only what is missing
   (``_data_parallel``).
 * ``demo``: build a tiny checkpoint, run speculators' own generator through the shim on
@@ -154,6 +155,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import speculators_compat
 
     strays = [flag for flag, value in (("--gpus-per-replica", args.gpus_per_replica != 1),
+                                       ("--replicas-per-gpu", args.replicas_per_gpu != 1),
                                        ("--indices", args.indices),
                                        ("--rank", args.rank is not None),
                                        ("--world-size", args.world_size)) if value]
@@ -174,7 +176,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return _data_parallel.main(args.target, args.args, args.data_parallel,
                                    args.gpus_per_replica, args.indices, args.rank,
-                                   args.world_size)
+                                   args.world_size, replicas_per_gpu=args.replicas_per_gpu)
     report = speculators_compat.activate()
     print(report.summary_line(), file=sys.stderr)
     for r in report.problems:
@@ -297,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
                         "missing samples (also with N=1)")
     r.add_argument("--gpus-per-replica", type=_positive, default=1, metavar="K",
                    help="GPUs of each replica (its --tensor-parallel-size; default 1)")
+    r.add_argument("--replicas-per-gpu", type=_positive, default=1, metavar="M",
+                   help="with --data-parallel: M replicas share each GPU (or group of K), "
+                        "N/M GPUs in all; each gets the script's --gpu-memory-utilization "
+                        "(default 0.8) / M unless given, and starts once the one before it "
+                        "on the GPU has its memory (default 1: disjoint GPUs)")
     r.add_argument("--indices", default=None, metavar="A:B",
                    help="with --data-parallel: only the files data_A..data_<B-1>")
     r.add_argument("--rank", type=int, default=None,

@@ -1,6 +1,7 @@
-"""``speculators-compat run --data-parallel N [--gpus-per-replica K] SCRIPT ARGS``: N
-replicas of speculators 0.3/0.4's unchanged offline script on disjoint sample ranges and
-disjoint devices, one output folder with the files one run writes.
+"""``speculators-compat run --data-parallel N [--gpus-per-replica K] [--replicas-per-gpu M]
+SCRIPT ARGS``: N replicas of speculators 0.3/0.4's unchanged offline script on disjoint
+sample ranges and disjoint devices (or M replicas sharing each GPU), one output folder with
+the files one run writes.
 
 Why: the script runs one generator over the whole dataset (tensor parallel only), and its
 resume restarts after the highest ``data_<i>.pt``; a user with eight GPUs runs eight
@@ -24,7 +25,14 @@ replicas' processes see):
 3. Run: a replica's script gets a scratch ``--output-dir`` (under :data:`WORK`) holding an
    empty ``data_<a-1>.pt``, so the script's own resume starts at ``a``; the dataset is cut
    after ``b``; saves land whole in the real folder. Devices: ``CUDA_VISIBLE_DEVICES`` (K
-   per replica); on CPU, disjoint cores (``VLLM_CPU_OMP_THREADS_BIND``).
+   per replica); on CPU, disjoint cores (``VLLM_CPU_OMP_THREADS_BIND``). With
+   ``--replicas-per-gpu M`` (GPUs only), M consecutive replicas share each group of K GPUs
+   (N/M groups): each gets the script's ``--gpu-memory-utilization`` (vLLM's share of the
+   GPU's memory for its engine) as the user gave it (refused if M times it exceeds 1), else
+   the script's default 0.8 / M; on a shared GPU a replica starts once the one before it
+   has saved a sample (its engine holds its memory: vLLM measures its own use from the
+   GPU's free memory, so two engines starting together miscount). Without it each replica
+   has its own GPUs and fewer GPUs than replicas is an error naming the option.
 4. Merge: when every index of ``[S, S + M)`` has its file, the task that sees it writes
    ``sample_lengths.json`` (where the release writes one), ``data_config.json`` (the
    command and ``num_samples`` of one run) and, where ``SPECULATORS_COMPAT_REPORT_FILE``
@@ -167,19 +175,58 @@ def visible_gpus(environ: Mapping[str, str]) -> list[str]:
 
 
 def assign_gpus(gpus: Sequence[str], replicas: int, per_replica: int,
-                task: Task) -> list[list[str]]:
-    """Disjoint ``per_replica`` GPUs for each replica. Several tasks on a node that see
-    the same GPUs (torchrun ``--nproc-per-node``) take their local rank's share."""
-    need = replicas * per_replica
+                task: Task, replicas_per_gpu: int = 1) -> list[list[str]]:
+    """``per_replica`` GPUs for each replica: disjoint, or with ``replicas_per_gpu`` M > 1
+    shared by M consecutive replicas (replica ``r`` gets group ``r // M``). Several tasks
+    on a node that see the same GPUs (torchrun ``--nproc-per-node``) take their local
+    rank's share."""
+    groups = -(-replicas // replicas_per_gpu)  # ceil
+    need = groups * per_replica
     pool = list(gpus)
     if task.local_world > 1 and len(pool) >= need * task.local_world:
         pool = pool[task.local_rank * need:(task.local_rank + 1) * need]
     if len(pool) < need:
+        shared = (f" / --replicas-per-gpu {replicas_per_gpu}" if replicas_per_gpu > 1
+                  else "")
         raise DataParallelError(
-            f"--data-parallel {replicas} x --gpus-per-replica {per_replica} needs {need} "
-            f"GPUs, this task sees {len(pool)} ({', '.join(pool) or 'none'}): lower "
-            "--data-parallel, or give the task more GPUs (CUDA_VISIBLE_DEVICES)")
-    return [pool[r * per_replica:(r + 1) * per_replica] for r in range(replicas)]
+            f"--data-parallel {replicas}{shared} x --gpus-per-replica {per_replica} needs "
+            f"{need} GPUs, this task sees {len(pool)} ({', '.join(pool) or 'none'}): lower "
+            "--data-parallel, give the task more GPUs (CUDA_VISIBLE_DEVICES), or let "
+            "replicas share a GPU (--replicas-per-gpu M: each gets 1/M of its memory)")
+    return [pool[(r // replicas_per_gpu) * per_replica:
+                 (r // replicas_per_gpu + 1) * per_replica] for r in range(replicas)]
+
+
+#: speculators 0.3/0.4's offline script: the option that sizes its vLLM generator on the
+#: GPU (``LLM(gpu_memory_utilization=...)``: the share of the GPU's memory one engine may
+#: take, weights, activations and KV cache together) and its argparse default.
+GPU_MEMORY_OPTION = "--gpu-memory-utilization"
+SCRIPT_GPU_MEMORY = 0.8
+
+
+def shared_gpu_args(args: Sequence[str], replicas_per_gpu: int) -> list[str]:
+    """The script's arguments for a replica that shares its GPUs with
+    ``replicas_per_gpu - 1`` others: the user's ``--gpu-memory-utilization`` (a share per
+    replica) if given, else the script's default divided among the replicas of a GPU.
+    Unchanged with one replica per GPU."""
+    if replicas_per_gpu == 1:
+        return list(args)
+    given = option(args, GPU_MEMORY_OPTION)
+    if given is None:
+        share = SCRIPT_GPU_MEMORY / replicas_per_gpu
+        return with_option(args, GPU_MEMORY_OPTION, f"{share:.4g}")
+    try:
+        value = float(given)
+    except ValueError as exc:
+        raise DataParallelError(f"{GPU_MEMORY_OPTION} {given!r} is not a number") from exc
+    if not 0 < value * replicas_per_gpu <= 1:
+        raise DataParallelError(
+            f"{GPU_MEMORY_OPTION} {given} is each replica's share of its GPU's memory: "
+            f"{replicas_per_gpu} replicas per GPU x {given} = {value * replicas_per_gpu:.3g} "
+            f"of the GPU; pass at most {1 / replicas_per_gpu:.3g} (or leave it out: "
+            f"{SCRIPT_GPU_MEMORY} / {replicas_per_gpu} = "
+            f"{SCRIPT_GPU_MEMORY / replicas_per_gpu:.3g} each)")
+    return list(args)
 
 
 def assign_cores(cores: Sequence[int], replicas: int) -> list[str] | None:
@@ -390,6 +437,10 @@ class Replica:
     done_ranges: list[tuple[int, int]] = field(default_factory=list)
     started: float = 0.0
     note: str = ""
+    #: The replica of this task that shares this one's GPUs and starts before it; this
+    #: one starts once that one's engine holds its memory (:meth:`Launch.may_start`).
+    after: Replica | None = None
+    launched: bool = False
 
     @property
     def total(self) -> int:
@@ -403,11 +454,12 @@ class Launch:
 
     def __init__(self, script: str, args: Sequence[str], replicas: int, gpus_per_replica: int,
                  indices: tuple[int, int] | None, task: Task, environ: Mapping[str, str],
-                 stream: TextIO) -> None:
+                 stream: TextIO, replicas_per_gpu: int = 1) -> None:
         self.script = os.path.abspath(script)
         self.args = list(args)
         self.replicas = replicas
         self.per = gpus_per_replica
+        self.per_gpu = replicas_per_gpu
         self.indices = indices
         self.task = task
         self.environ = dict(environ)
@@ -431,6 +483,13 @@ class Launch:
                 f"the script's --tensor-parallel-size {tp} and --gpus-per-replica "
                 f"{gpus_per_replica} differ: each replica's generator uses the GPUs it is "
                 "given; pass the same number to both (or drop --tensor-parallel-size)")
+        if replicas_per_gpu > 1 and not self.gpus():
+            raise DataParallelError(
+                f"--replicas-per-gpu {replicas_per_gpu}: this task sees no GPU "
+                "(CUDA_VISIBLE_DEVICES, nvidia-smi); on a CPU host the replicas split the "
+                "cores by themselves: leave the option out")
+        #: what each replica's script gets (its share of a shared GPU's memory)
+        self.replica_args = shared_gpu_args(self.args, replicas_per_gpu)
         self.report_file = self.environ.get(_env.REPORT_FILE) or None
         self.progress_s = float(self.environ.get(_env.DATA_PARALLEL_PROGRESS_S, PROGRESS_S))
 
@@ -504,7 +563,7 @@ class Launch:
         files = data_files(self.out)
         if self.gpus():
             devices = [",".join(d) for d in assign_gpus(self.gpus(), self.replicas, self.per,
-                                                        self.task)]
+                                                        self.task, self.per_gpu)]
         else:
             cores = assign_cores(sorted(os.sched_getaffinity(0)), self.replicas) \
                 if hasattr(os, "sched_getaffinity") else None
@@ -528,8 +587,29 @@ class Launch:
             if incomplete:
                 rep.note = (f"{len(incomplete)} incomplete file(s) regenerated: "
                             f"{_compress(incomplete)}")
+            if self.per_gpu > 1 and out and out[-1].devices == rep.devices:
+                rep.after = out[-1]
+                share = option(self.replica_args, GPU_MEMORY_OPTION)
+                rep.note = "; ".join(filter(None, [rep.note, (
+                    f"shares its GPU with replica {rep.after.index} ({GPU_MEMORY_OPTION} "
+                    f"{share} each); starts once that one's engine holds its memory")]))
             out.append(rep)
         return out
+
+    def may_start(self, rep: Replica) -> bool:
+        """Whether ``rep`` (work left, not started) may start now: at once, or, sharing
+        its GPUs, once the replica before it on them has saved a sample or ended (vLLM sizes
+        its KV cache from the GPU's free memory before and after its profiling run, so a
+        neighbour loading at the same time counts as its own use: a smaller cache, or no
+        room at all)."""
+        prev = rep.after
+        if prev is None:
+            return True
+        if prev.saved > 0:
+            return True
+        if prev.launched:
+            return prev.proc is None
+        return not prev.todo and prev.current is None  # nothing to run: never starts
 
     # ---------------------------------------------------------------- 3. run
     def start_next(self, rep: Replica) -> None:
@@ -547,7 +627,7 @@ class Launch:
                                "stop": b - self.start, "samples": self.samples,
                                "log": saved_log})
         env[_env.REPORT_FILE] = os.path.join(scratch, "compat-report.json")
-        args = with_option(self.args, "--output-dir", scratch)
+        args = with_option(self.replica_args, "--output-dir", scratch)
         args = with_option(args, "--token-freq-path", os.path.join(scratch, "token_freq.pt"))
         if rep.log is None:
             rep.log = open(self.replica_log(rep), "a")  # noqa: SIM115 (closed by run())
@@ -621,7 +701,9 @@ class Launch:
             a, b = rep.block
             have = rep.block[1] - rep.block[0] - rep.total + rep.saved
             state = ("done" if rep.current is None and not rep.todo and rep.rc is None else
-                     f"FAILED (exit {rep.rc})" if rep.rc is not None else "running")
+                     f"FAILED (exit {rep.rc})" if rep.rc is not None else
+                     f"waiting for replica {rep.after.index}'s engine"
+                     if rep.after is not None and not rep.launched else "running")
             rate = eta = ""
             # over the replica's whole time (engine start included): an honest ETA early
             end = now if state == "running" else (rep.last_save or now)
@@ -688,12 +770,18 @@ class Launch:
 
         old = signal.signal(signal.SIGTERM, on_term)
         try:
-            for rep in reps:
-                if rep.todo:
-                    rep.started = time.time()
-                    self.start_next(rep)
+            pending = [rep for rep in reps if rep.todo]
+
+            def start_ready() -> None:
+                for rep in list(pending):
+                    if self.may_start(rep):
+                        pending.remove(rep)
+                        rep.started, rep.launched = time.time(), True
+                        self.start_next(rep)
+
+            start_ready()
             last = time.time()
-            while any(r.proc is not None for r in reps):
+            while pending or any(r.proc is not None for r in reps):
                 time.sleep(0.5)
                 for rep in reps:
                     self.poll_saved(rep)
@@ -703,6 +791,7 @@ class Launch:
                             self.start_next(rep)
                         else:
                             rep.proc = None
+                start_ready()
                 if time.time() - last >= self.progress_s:
                     last = time.time()
                     self.progress(reps, last)
@@ -710,6 +799,9 @@ class Launch:
             interrupted = str(exc) or "SIGINT"
             self.stop_all(reps)
             for rep in reps:
+                if rep.current is None and rep.todo and not rep.launched:  # never started
+                    rep.current = rep.todo[0]
+                    rep.proc = None
                 if rep.current is not None:
                     rep.rc = rep.proc.returncode if rep.proc else -1
                     rep.failed_range = rep.current
@@ -812,7 +904,8 @@ def parse_indices(text: str) -> tuple[int, int]:
 
 def main(script: str, args: Sequence[str], replicas: int, gpus_per_replica: int = 1,
          indices: str | None = None, rank: int | None = None, world: int | None = None,
-         environ: Mapping[str, str] | None = None, stream: TextIO | None = None) -> int:
+         environ: Mapping[str, str] | None = None, stream: TextIO | None = None,
+         replicas_per_gpu: int = 1) -> int:
     """``speculators-compat run --data-parallel``: returns the exit status."""
     stream = stream or sys.stderr
     environ = os.environ if environ is None else environ
@@ -822,7 +915,8 @@ def main(script: str, args: Sequence[str], replicas: int, gpus_per_replica: int 
                                     "speculators' scripts/data_generation_offline.py)")
         task = detect_task(environ, rank, world)
         launch = Launch(script, args, replicas, gpus_per_replica,
-                        parse_indices(indices) if indices else None, task, environ, stream)
+                        parse_indices(indices) if indices else None, task, environ, stream,
+                        replicas_per_gpu)
         return launch.run()
     except DataParallelError as exc:
         print(f"speculators-compat run --data-parallel: {exc}", file=stream)
