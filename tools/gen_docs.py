@@ -1,13 +1,24 @@
-"""Generate ``docs/adapters.md`` from the adapter registry (never edit it by hand).
+"""Regenerate every page derived from the code (never edit them by hand).
 
-Usage: ``python tools/gen_docs.py`` (write) or ``python tools/gen_docs.py --check``
-(exit 1 if the file is out of date; the unit tests run this check).
+``docs/adapters.md`` from the adapter registry, then the pages ``tools/matrix.py render``
+writes from the recorded results and the adapter code they were recorded at
+(``docs/support-matrix.md``, ``docs/architectures.md``, the README's tables and the
+package's ``_proven.json``: any change to adapter code marks the records it outdates).
+
+Why the pages are checked in rather than built at release: they are what readers of the
+repository and of the package see, so every commit keeps them true; the unit tests run
+``--check``. Adding an adapter therefore edits its module, its registry line, its
+contract file and the CHANGELOG, and runs this one command.
+
+Usage: ``python3 tools/gen_docs.py`` (write) or ``python3 tools/gen_docs.py --check``
+(exit 1 if a page is out of date).
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import subprocess
 import sys
 from pathlib import Path
 
@@ -102,16 +113,18 @@ def main() -> int:
     p.add_argument("--check", action="store_true")
     args = p.parse_args()
     text = render()
+    matrix = [sys.executable, str(ROOT / "tools" / "matrix.py"), "render"]
     if args.check:
         current = TARGET.read_text() if TARGET.exists() else ""
-        if current != text:
-            print(f"{TARGET} is out of date: run python tools/gen_docs.py", file=sys.stderr)
-            return 1
-        return 0
+        stale = current != text
+        if stale:
+            print(f"{TARGET} is out of date: run python3 tools/gen_docs.py", file=sys.stderr)
+        return 1 if subprocess.run([*matrix, "--check"], check=False).returncode or stale \
+            else 0
     TARGET.parent.mkdir(parents=True, exist_ok=True)
     TARGET.write_text(text)
     print(f"wrote {TARGET}")
-    return 0
+    return subprocess.run(matrix, check=False).returncode
 
 
 if __name__ == "__main__":

@@ -92,3 +92,47 @@ def test_a_registry_against_a_declared_order_is_refused():
     with pytest.raises(ValueError, match="ordered by stage"):
         check_order([by_name["hook_capture"], by_name["transformers5_config_torch"]])
     check_order(list(reversed(swapped)))  # the declared order passes
+
+
+def test_every_adapter_module_is_registered_once():
+    """An adapter is registered by its module's name in ``ORDER``: a module left out
+    would never run, a name listed twice would run twice."""
+    from pathlib import Path
+
+    from speculators_compat import adapters
+
+    here = Path(adapters.__file__).parent
+    modules = {p.stem for p in here.glob("*.py") if not p.stem.startswith("_")}
+    assert sorted(adapters.ORDER) == sorted(modules)
+    assert [a.name for a in ADAPTERS] == list(adapters.ORDER)
+
+
+def test_a_module_without_its_adapter_is_refused_naming_it():
+    """Known-wrong modules: no adapter named after the module, and two of them."""
+    import types
+
+    import pytest
+
+    from speculators_compat._adapter import Adapter
+    from speculators_compat.adapters import adapter_in
+
+    module = types.ModuleType("speculators_compat.adapters.made_up")
+
+    class Other(Adapter):
+        name = "other"
+
+    Other.__module__ = module.__name__
+    module.Other = Other
+    with pytest.raises(ImportError, match=r"made_up must define exactly one Adapter "
+                                          r"subclass with name = 'made_up'"):
+        adapter_in(module)
+
+    class MadeUp(Adapter):
+        name = "made_up"
+
+    MadeUp.__module__ = module.__name__
+    module.MadeUp = MadeUp
+    assert type(adapter_in(module)) is MadeUp
+    module.Again = type("Again", (MadeUp,), {"__module__": module.__name__})
+    with pytest.raises(ImportError, match="exactly one"):
+        adapter_in(module)

@@ -1,4 +1,8 @@
-"""The adapter registry, applied in this order. One module per upstream change.
+"""The adapter registry: the adapter modules, applied in this order, one line each.
+
+One adapter per upstream change, one module per adapter: ``adapters/<name>.py`` defines
+the adapter whose ``name`` is ``<name>`` (:func:`adapter_in` finds it), so registering
+one is its line in :data:`ORDER` and nothing else.
 
 The list runs stage by stage (before ``import speculators``, before the generator
 module's import, names inside it, workers); on a shared target a later adapter wraps (or
@@ -9,81 +13,71 @@ declarations (``_activation.check_order``): nothing here depends on a comment.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 from .._adapter import Adapter
-from .attention_block_size import AttentionBlockSize
-from .block_hasher_unused import BlockHasherUnused
-from .collective_rpc_unique_reply import CollectiveRpcUniqueReply
-from .cpu_block_size import CPUBlockSize
-from .draft_aux_layers import DraftAuxLayers
-from .executor_sample_tokens import ExecutorSampleTokens
-from .executor_warmup_split import ExecutorWarmupSplit
-from .generate_guard import GenerateGuard
-from .hook_capture import HookCapture
-from .kv_cache_config_fields import KVCacheConfigFields
-from .kv_cache_extensible_off import KVCacheExtensibleOff
-from .kv_cache_groups_hybrid import KVCacheGroupsHybrid
-from .kv_cache_helpers_relocated import KVCacheHelpersRelocated
-from .kv_cache_layout_resolution import KVCacheLayoutResolution
-from .kv_cache_specs_kwarg import KVCacheSpecsKwarg
-from .no_gpu_kv_sizing import NoGpuKVSizing
-from .prefix_caching_off import PrefixCachingOff
-from .request_eos_token_id import RequestEosTokenId
-from .request_metadata_in_driver import RequestMetadataInDriver
-from .result_order_natural import ResultOrderNatural
-from .scheduler_block_size import SchedulerBlockSize
-from .scheduler_config_encoder_decoder import SchedulerConfigEncoderDecoder
-from .scheduler_prefill_only import SchedulerPrefillOnly
-from .scheduling_sync import SchedulingSync
-from .shm_transport import ShmTransport
-from .shutdown_at_exit import ShutdownAtExit
-from .spawn_main_guard import SpawnMainGuard
-from .speculators_supported import SpeculatorsSupported
-from .step_overlap import StepOverlap
-from .transformers5_config_dataclass import Transformers5ConfigDataclass
-from .transformers5_config_pad_token import Transformers5ConfigPadToken
-from .transformers5_config_torch import Transformers5ConfigTorch
-from .transformers5_config_validate import Transformers5ConfigValidate
-from .worker_spawn_method import WorkerSpawnMethod
 
-ADAPTERS: list[Adapter] = [
+#: The adapter modules of this package, in registry order.
+ORDER: tuple[str, ...] = (
     # before `import speculators`
-    Transformers5ConfigTorch(),
-    Transformers5ConfigDataclass(),
+    "transformers5_config_torch",
+    "transformers5_config_dataclass",
     # before speculators' generator module is imported
-    KVCacheHelpersRelocated(),
-    Transformers5ConfigValidate(),
-    Transformers5ConfigPadToken(),
+    "kv_cache_helpers_relocated",
+    "transformers5_config_validate",
+    "transformers5_config_pad_token",
     # scope: speculators with the in-process generator
-    SpeculatorsSupported(),
+    "speculators_supported",
     # names inside speculators' generator module
-    SchedulerConfigEncoderDecoder(),
-    SchedulingSync(),
-    PrefixCachingOff(),
-    KVCacheExtensibleOff(),
-    CPUBlockSize(),
-    AttentionBlockSize(),
-    KVCacheSpecsKwarg(),
-    KVCacheGroupsHybrid(),
-    KVCacheConfigFields(),
-    NoGpuKVSizing(),
-    SchedulerBlockSize(),
-    SchedulerPrefillOnly(),
-    RequestEosTokenId(),
-    BlockHasherUnused(),
-    KVCacheLayoutResolution(),
-    ExecutorSampleTokens(),
-    HookCapture(),
-    StepOverlap(),
-    RequestMetadataInDriver(),
-    ShmTransport(),
-    CollectiveRpcUniqueReply(),
-    ExecutorWarmupSplit(),
-    ResultOrderNatural(),
-    GenerateGuard(),
-    ShutdownAtExit(),
-    SpawnMainGuard(),
-    DraftAuxLayers(),
-    WorkerSpawnMethod(),
-]
+    "scheduler_config_encoder_decoder",
+    "scheduling_sync",
+    "prefix_caching_off",
+    "kv_cache_extensible_off",
+    "cpu_block_size",
+    "attention_block_size",
+    "kv_cache_specs_kwarg",
+    "kv_cache_groups_hybrid",
+    "kv_cache_config_fields",
+    "no_gpu_kv_sizing",
+    "scheduler_block_size",
+    "scheduler_prefill_only",
+    "request_eos_token_id",
+    "block_hasher_unused",
+    "kv_cache_layout_resolution",
+    "executor_sample_tokens",
+    "hook_capture",
+    "step_overlap",
+    "request_metadata_in_driver",
+    "shm_transport",
+    "collective_rpc_unique_reply",
+    "executor_warmup_split",
+    "result_order_natural",
+    "generate_guard",
+    "shutdown_at_exit",
+    "spawn_main_guard",
+    "draft_aux_layers",
+    "worker_spawn_method",
+)
 
-__all__ = ["ADAPTERS"]
+
+def adapter_in(module: ModuleType) -> Adapter:
+    """The adapter ``module`` defines: its one :class:`Adapter` subclass whose ``name`` is
+    the module's own name (so its contract file, ``test_<name>.py``, and the name users
+    disable it by are the module's)."""
+    leaf = module.__name__.rpartition(".")[2]
+    found = [c for c in vars(module).values()
+             if isinstance(c, type) and issubclass(c, Adapter)
+             and c.__module__ == module.__name__ and c.name == leaf]
+    if len(found) != 1:
+        raise ImportError(
+            f"speculators-compat: adapter module {module.__name__} must define exactly one "
+            f"Adapter subclass with name = {leaf!r} (found {[c.__name__ for c in found]}); "
+            "an adapter's module is named after it")
+    return found[0]()
+
+
+ADAPTERS: list[Adapter] = [adapter_in(importlib.import_module(f"{__name__}.{m}"))
+                           for m in ORDER]
+
+__all__ = ["ADAPTERS", "ORDER", "adapter_in"]
