@@ -101,6 +101,12 @@ def render_page(results: Path, digest: str | None) -> str:
         "compared with transformers' `output_hidden_states[k + 1]` (pass: min per-token cosine "
         "≥ 0.998, relative L2 ≤ 4 %, max error ≤ 5 % of the reference's max; every sequence "
         "whole and in input order; deliberately wrong results must fail the same check). "
+        "The multimodal wrappers (`Qwen3_5ForConditionalGeneration`, "
+        "`Gemma4ForConditionalGeneration`: checkpoint kinds `qwen3_5_mm`, `gemma4_mm`) are "
+        "checkpoints of the wrapper class with a one-layer vision tower, the same language "
+        "model as the text family and the processor files vLLM reads at start-up; prompts "
+        "are text only, and the captured layers are compared with the wrapper's language "
+        "model in transformers. "
         "`doctor --model DIR` reads the same records.",
         "",
         "| architecture | " + " | ".join(head) + " |",

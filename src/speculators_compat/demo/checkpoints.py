@@ -359,8 +359,87 @@ _RECIPES["glm_moe_dsa"] = {
     "rms_norm_eps": 1e-5,
 }
 
+#: Multimodal wrappers (``...ForConditionalGeneration``), the classes the hybrid families ship
+#: as: kind -> the wrapper's ``model_type``, the text recipe its ``text_config`` is built from
+#: (the same tiny language model as that kind), a tiny vision tower (one layer, width 128, head
+#: dim 64: a head size vLLM's vision attention backends take), the multimodal special tokens the
+#: wrapper's processor looks up by attribute (added to the tokenizer after the 512 BPE tokens, so
+#: ``vocab_size`` grows to hold them, and their ids go into the wrapper config) and the processor
+#: files vLLM reads when it starts the model (it builds the multimodal processor even for
+#: text-only prompts, and profiles the vision tower with dummy images).
+#:
+#: Qwen3.5 (Qwen/Qwen3.5-27B's layout): ``Qwen3_5ForConditionalGeneration``, the Qwen3-VL vision
+#: tower (patch 16, temporal patch 2, 2x2 spatial merge, as published) and Qwen3-VL's processor
+#: (``Qwen2VLImageProcessor`` + ``Qwen3VLVideoProcessor``).  Gemma 4 (google/gemma-4-31B's
+#: layout): ``Gemma4ForConditionalGeneration`` with the Gemma 4 vision tower (patch 16, 3x3
+#: pooling, as published) and no audio tower (the 31B model has none), Gemma 4's processor.
+_WRAPPERS: dict[str, dict[str, Any]] = {
+    "qwen3_5_mm": {
+        "model_type": "qwen3_5",
+        "text": "qwen3_5",
+        "vision_config": {"depth": 1, "hidden_size": 128, "intermediate_size": 256,
+                          "num_heads": 2, "out_hidden_size": 256, "patch_size": 16,
+                          "spatial_merge_size": 2, "temporal_patch_size": 2,
+                          "num_position_embeddings": 2304, "initializer_range": 0.02},
+        # token attribute -> text; config key -> token attribute (ids filled in at build time)
+        "tokens": {"vision_start_token": "<|vision_start|>", "vision_end_token": "<|vision_end|>",
+                   "image_token": "<|image_pad|>", "video_token": "<|video_pad|>"},
+        "token_ids": {"vision_start_token_id": "vision_start_token",
+                      "vision_end_token_id": "vision_end_token",
+                      "image_token_id": "image_token", "video_token_id": "video_token"},
+        "processor": {
+            "processor_config.json": {"processor_class": "Qwen3VLProcessor"},
+            "preprocessor_config.json": {
+                "image_processor_type": "Qwen2VLImageProcessorFast",
+                "processor_class": "Qwen3VLProcessor", "do_resize": True, "do_rescale": True,
+                "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255,
+                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+                "size": {"shortest_edge": 65536, "longest_edge": 16777216}},
+            "video_preprocessor_config.json": {
+                "video_processor_type": "Qwen3VLVideoProcessor",
+                "processor_class": "Qwen3VLProcessor", "do_resize": True, "do_rescale": True,
+                "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255,
+                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "fps": 2,
+                "min_frames": 4, "max_frames": 768, "do_sample_frames": True,
+                "size": {"shortest_edge": 4096, "longest_edge": 25165824}},
+        },
+    },
+    "gemma4_mm": {
+        "model_type": "gemma4",
+        "text": "gemma4",
+        "vision_config": {"num_hidden_layers": 1, "hidden_size": 128, "intermediate_size": 256,
+                          "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64,
+                          "patch_size": 16, "pooling_kernel_size": 3,
+                          "initializer_range": 0.02},
+        "audio_config": None,
+        "tokens": {"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>",
+                   "video_token": "<|video|>"},
+        "token_ids": {"boi_token_id": "boi_token", "eoi_token_id": "eoi_token",
+                      "image_token_id": "image_token", "video_token_id": "video_token"},
+        "processor": {
+            "processor_config.json": {"processor_class": "Gemma4Processor",
+                                      "image_seq_length": 280},
+            "preprocessor_config.json": {
+                "image_processor_type": "Gemma4ImageProcessor",
+                "processor_class": "Gemma4Processor", "do_resize": True, "do_rescale": True,
+                "do_normalize": False, "do_convert_rgb": True, "rescale_factor": 1 / 255,
+                "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
+                "patch_size": 16, "pooling_kernel_size": 3, "max_soft_tokens": 280},
+            "video_preprocessor_config.json": {
+                "video_processor_type": "Gemma4VideoProcessor",
+                "processor_class": "Gemma4Processor", "do_resize": True, "do_rescale": True,
+                "do_normalize": False, "do_convert_rgb": True, "rescale_factor": 1 / 255,
+                "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
+                "patch_size": 16, "pooling_kernel_size": 3, "max_soft_tokens": 70,
+                "num_frames": 32, "do_sample_frames": True},
+        },
+    },
+}
+
 #: Checkpoint kinds that :func:`build_checkpoint` knows.
-KINDS: tuple[str, ...] = tuple(_RECIPES)
+KINDS: tuple[str, ...] = tuple(_RECIPES) + tuple(_WRAPPERS)
 
 
 def _stamp_key(kind: str, seed: int, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -408,7 +487,9 @@ def _tokenizer_corpus() -> list[str]:
     return [text] * 20 + lines
 
 
-def build_tokenizer(vocab_size: int = VOCAB_SIZE) -> transformers.PreTrainedTokenizerFast:
+def build_tokenizer(
+    vocab_size: int = VOCAB_SIZE, extra_special_tokens: dict[str, str] | None = None
+) -> transformers.PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer of exactly ``vocab_size`` tokens, deterministically.
 
     Byte-level BPE encodes and decodes any text losslessly (vLLM detokenises whatever ids the random
@@ -416,6 +497,10 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE) -> transformers.PreTrainedToke
     ``<s>`` bos, ``</s>`` eos, ``<pad>``, and the chat markers.  It is wrapped in
     ``PreTrainedTokenizerFast`` of the running transformers, so ``save_pretrained`` writes the files
     that this transformers (and vLLM on top of it) loads with ``AutoTokenizer``.
+
+    ``extra_special_tokens`` (attribute -> token, e.g. ``{"image_token": "<|image_pad|>"}``) are
+    added after the ``vocab_size`` trained tokens, in the given order, and become attributes of the
+    tokenizer: the multimodal processors of the wrapper kinds look their tokens up that way.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -445,15 +530,41 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE) -> transformers.PreTrainedToke
         additional_special_tokens=[IM_START, IM_END],
         model_max_length=_COMMON["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
+        **({"extra_special_tokens": dict(extra_special_tokens)} if extra_special_tokens else {}),
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
 def _make_config(kind: str, overrides: dict[str, Any]) -> transformers.PretrainedConfig:
+    """The config of ``kind``; for a wrapper (:data:`_WRAPPERS`) ``overrides`` go into its
+    ``text_config`` (the language model is what the comparisons read)."""
+    if kind in _WRAPPERS:
+        return _make_wrapper_config(kind, overrides)
     params = {**_COMMON, **_RECIPES[kind], **overrides}
     model_type = params.pop("model_type")
     return transformers.AutoConfig.for_model(model_type, **params)
+
+
+def _wrapper_token_ids(kind: str) -> dict[str, int]:
+    """Token attribute -> id of a wrapper's multimodal tokens: added after the BPE vocabulary."""
+    return {name: VOCAB_SIZE + i for i, name in enumerate(_WRAPPERS[kind]["tokens"])}
+
+
+def _make_wrapper_config(kind: str, overrides: dict[str, Any]) -> transformers.PretrainedConfig:
+    spec = _WRAPPERS[kind]
+    ids = _wrapper_token_ids(kind)
+    # Room for the tokens a tokenizer class adds when it loads (Qwen's adds <|endoftext|>).
+    vocab = VOCAB_SIZE + 8
+    text = {**_COMMON, **_RECIPES[spec["text"]], "vocab_size": vocab, **overrides}
+    if "vocab_size_per_layer_input" in text:
+        text["vocab_size_per_layer_input"] = vocab
+    params: dict[str, Any] = {"text_config": text, "vision_config": dict(spec["vision_config"]),
+                              "tie_word_embeddings": text.get("tie_word_embeddings", False)}
+    if "audio_config" in spec:
+        params["audio_config"] = spec["audio_config"]
+    params.update({key: ids[attr] for key, attr in spec["token_ids"].items()})
+    return transformers.AutoConfig.for_model(spec["model_type"], **params)
 
 
 def _zero_routing_bias(model: torch.nn.Module) -> None:
@@ -607,9 +718,11 @@ def _write_checkpoint(
     config = _make_config(kind, overrides)
     # Seeded init without disturbing the caller's global RNG state.  Initialise in float32 (the
     # documented std-0.02 init) and cast afterwards, so values do not depend on bf16 init kernels.
+    auto = (transformers.AutoModelForImageTextToText if kind in _WRAPPERS
+            else transformers.AutoModelForCausalLM)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = auto.from_config(config, dtype=torch.float32)
     _zero_routing_bias(model)
     _temper_qk_norms(model)
     # save_pretrained records the parameters' dtype in config.json ("dtype": "bfloat16").
@@ -617,6 +730,9 @@ def _write_checkpoint(
     model.save_pretrained(str(out), safe_serialization=True)
     _ensure_routing_bias(out, model.config)
     _drop_config_keys(out, kind)
+    if kind in _WRAPPERS:
+        _write_processor_files(kind, out)
+        return sorted(p.name for p in out.iterdir() if p.is_file())
     _add_config_keys(out, config)
     _rename_tensors(out, kind)
 
@@ -624,6 +740,28 @@ def _write_checkpoint(
     tokenizer.save_pretrained(str(out))
     _make_tokenizer_config_portable(out)
     return sorted(p.name for p in out.iterdir() if p.is_file())
+
+
+def _write_processor_files(kind: str, out: pathlib.Path) -> None:
+    """The tokenizer (the BPE tokenizer plus the wrapper's named multimodal tokens), the chat
+    template and the processor's JSON files (:data:`_WRAPPERS`) of a wrapper checkpoint.
+
+    Written as JSON rather than by the processor classes' ``save_pretrained``: Qwen3-VL's and
+    Gemma 4's processors import torchvision, which the CPU environments leave out (it breaks
+    ``import transformers`` beside a CPU torch); the files hold what the published checkpoints'
+    files hold for the settings that matter (patch size, merge/pooling size).
+    """
+    spec = _WRAPPERS[kind]
+    tokenizer = build_tokenizer(VOCAB_SIZE, extra_special_tokens=spec["tokens"])
+    ids = _wrapper_token_ids(kind)
+    got = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in spec["tokens"].items()}
+    if got != ids:
+        raise RuntimeError(f"{kind}: multimodal token ids {got}, expected {ids}")
+    tokenizer.save_pretrained(str(out))
+    _make_tokenizer_config_portable(out)
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    for name, content in spec["processor"].items():
+        (out / name).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 def build_checkpoint(
@@ -644,7 +782,11 @@ def build_checkpoint(
     every token of shorter sequences, so transformers' dense result is the reference),
     ``"kimi_linear"`` (KDA + MLA) and ``"nemotron_h"`` (Mamba-2 + attention + MoE blocks).  The
     comments above each recipe in :data:`_RECIPES` say which published config it shrinks and
-    which vLLM kernel constraints fix its sizes.
+    which vLLM kernel constraints fix its sizes.  ``"qwen3_5_mm"`` and ``"gemma4_mm"`` are the
+    multimodal wrappers those families ship as (``Qwen3_5ForConditionalGeneration``,
+    ``Gemma4ForConditionalGeneration``): the ``qwen3_5`` / ``gemma4`` language model as
+    ``text_config``, a one-layer vision tower, and the processor files (:data:`_WRAPPERS`);
+    their ``config_overrides`` apply to the ``text_config``.
     ``config_overrides`` are merged over the recipe before the model is created (so e.g.
     ``num_hidden_layers=2`` changes the weights too; ``llama_4_scaling={...}`` just lands in
     config.json).  They must be JSON-serialisable because they are recorded in the stamp.
@@ -783,6 +925,9 @@ def build_fast_checkpoint(
     random generator), which the stamp records too.
     """
     _check_kind(kind, config_overrides)
+    if kind in _WRAPPERS:
+        raise ValueError(f"build_fast_checkpoint builds text models only; {kind!r} is a "
+                         "multimodal wrapper: use build_checkpoint")
     key = {**_stamp_key(kind, int(seed), config_overrides), "init": "fast-bf16-v2",
            "device_type": torch.device(device).type}
 
@@ -794,7 +939,7 @@ def build_fast_checkpoint(
 
 
 def _check_kind(kind: str, config_overrides: dict[str, Any]) -> None:
-    if kind not in _RECIPES:
+    if kind not in KINDS:
         raise ValueError(f"unknown checkpoint kind {kind!r}; expected one of {KINDS}")
     try:
         json.dumps(config_overrides)

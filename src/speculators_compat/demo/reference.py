@@ -69,6 +69,22 @@ def _transformers_config(model_path: str | os.PathLike[str]) -> Any:
     return cls.from_pretrained(path)
 
 
+def _decoder_layers(model: torch.nn.Module) -> Any:
+    """The language model's decoder layers of ``model``.
+
+    ``AutoModelForCausalLM`` loads a multimodal wrapper's checkpoint as a text-only model for
+    some families (Qwen3.5: ``Qwen3_5ForCausalLM`` from the ``text_config``; its layers are
+    ``model.model.layers``) and as the wrapper itself for others (Gemma 4:
+    ``Gemma4ForConditionalGeneration``, layers under ``model.model.language_model``).  A
+    text-only forward of the wrapper runs only its language model (no image tokens, so the
+    vision tower is never called), and vLLM's capture reads the same language model's layers
+    (``find_base_model``: ``get_language_model()``), so these layers are the reference either way.
+    """
+    base = model.model
+    inner = getattr(base, "language_model", None)
+    return inner.layers if inner is not None and not hasattr(base, "layers") else base.layers
+
+
 def reference_hidden_states(
     model_path: str | os.PathLike[str],
     sequences: Sequence[Sequence[int]],
@@ -82,9 +98,11 @@ def reference_hidden_states(
 
     The checkpoint is loaded with ``AutoModelForCausalLM`` in ``dtype`` on CPU.  Each sequence runs
     as its own forward pass (batch of one, no padding, positions 0..n-1), so nothing depends on
-    padding or attention-mask handling.  A forward hook on ``model.model.layers[k]`` records that
-    layer's output (element 0 when the layer returns a tuple): the residual stream after layer k,
-    what vLLM-side capture of "layer k" yields.  It equals transformers'
+    padding or attention-mask handling.  A forward hook on the language model's ``layers[k]``
+    (``model.model.layers``, or ``model.model.language_model.layers`` of a multimodal wrapper
+    loaded as such: :func:`_decoder_layers`) records that layer's output (element 0 when the
+    layer returns a tuple): the residual stream after layer k, what vLLM-side capture of
+    "layer k" yields.  It equals transformers'
     ``output_hidden_states=True`` entry ``hidden_states[k + 1]`` except for the last layer, where
     transformers substitutes the final-norm output.
 
@@ -107,7 +125,7 @@ def reference_hidden_states(
         **({"device_map": device} if device != "cpu" else {}),
     )
     model = model.to(device).eval()
-    layers = model.model.layers
+    layers = _decoder_layers(model)
     n_layers = len(layers)
     layer_ids = [int(k) for k in layer_ids]
     bad = [k for k in layer_ids if not 0 <= k < n_layers]
@@ -278,7 +296,7 @@ def _llama_4_scaling_hooks(model: torch.nn.Module, scaling: dict[str, Any]) -> l
         return (output.float() * factor[:, None]).to(output.dtype)
 
     handles = []
-    for layer in model.model.layers:
+    for layer in _decoder_layers(model):
         attn = layer.self_attn
         proj = getattr(attn, "q_b_proj", None) or getattr(attn, "q_proj", None)
         if proj is None:

@@ -49,6 +49,10 @@ PLAN: dict[str, tuple[str, list[str]]] = {
     "glm_moe_dsa": ("0,1,3", []),
     "kimi_linear": ("0,2,3", []),
     "nemotron_h": ("0,3,4", []),
+    # The multimodal wrappers (``...ForConditionalGeneration``, text_config + vision tower)
+    # of two families, text-only prompts: the layers of their language models.
+    "qwen3_5_mm": ("0,2,3", []),
+    "gemma4_mm": ("0,4,5", []),
 }
 
 
