@@ -30,11 +30,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import runpy
 import sys
+from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
@@ -256,14 +258,33 @@ def cmd_check_draft(args: argparse.Namespace) -> int:
     return int(result["exit"])
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool) -> Iterator[None]:
+    """With ``--json``, what vLLM and its worker processes print (they log to stdout, and
+    spawned workers inherit the descriptor) goes to stderr, so stdout holds the JSON alone."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def cmd_check_data(args: argparse.Namespace) -> int:
     from ._check_data import BAD, ERROR, check, lines, model_check
 
     result = check(args.dir, args.jobs)
     if args.model and result["exit"] != ERROR:
-        mc = model_check(args.dir, args.model, result, sample=args.sample,
-                         min_cosine=args.min_cosine,
-                         tensor_parallel_size=args.tensor_parallel_size)
+        with _stdout_to_stderr(args.json):
+            mc = model_check(args.dir, args.model, result, sample=args.sample,
+                             min_cosine=args.min_cosine,
+                             tensor_parallel_size=args.tensor_parallel_size)
         result["model_check"] = mc
         if not mc["ok"]:
             result["status"], result["exit"] = "bad", BAD

@@ -265,7 +265,11 @@ def _check_data(directory: Path, env: dict, *extra: str) -> tuple[int, dict]:
     proc = subprocess.run([sys.executable, "-m", "speculators_compat", "check-data",
                            str(directory), "--json", *extra], env=env, capture_output=True,
                           text=True, timeout=600)
-    return proc.returncode, json.loads(proc.stdout)
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"check-data rc={proc.returncode}, no JSON on stdout:\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}") from None
 
 
 def test_check_data_accepts_the_output_and_names_each_damage(offline_run):
@@ -288,3 +292,29 @@ def test_check_data_accepts_the_output_and_names_each_damage(offline_run):
     rc, result = _check_data(damaged, env)
     assert rc == 1 and result["status"] == "bad", result
     assert sorted(b["index"] for b in result["bad_files"]) == [1, 2], result["bad_files"]
+
+
+def test_check_data_model_regenerates_through_vllm(offline_run):
+    """``check-data --model``: speculators' generator (through the shim, on real vLLM)
+    regenerates sampled files and compares every layer. On a copy where one file's first
+    captured layer holds the second's rows (right shape and dtype, wrong meaning: what the
+    structural checks cannot see), that file fails and the untouched one passes."""
+    import torch
+
+    assert offline_run["rc"] == 0, offline_run["output"]
+    wrong = offline_run["tmp"] / "layer-swapped"
+    shutil.copytree(offline_run["out"], wrong)
+    sample = torch.load(wrong / "data_0.pt", weights_only=False)
+    hs = sample["hidden_states"]
+    hs[0] = hs[1].clone()
+    torch.save(sample, wrong / "data_0.pt")
+    rc, result = _check_data(wrong, offline_run["env"], "--model", offline_run["model"],
+                             "--sample", "2")
+    mc = result["model_check"]
+    assert rc == 1 and mc["ok"] is False, result
+    verdicts = {f["index"]: f for f in mc["files"]}
+    last = len(offline_run["samples"]) - 1
+    assert sorted(verdicts) == [0, last], verdicts
+    assert not verdicts[0]["ok"] and "layer 0" in verdicts[0]["reasons"][0], verdicts[0]
+    assert verdicts[last]["ok"], verdicts[last]
+    assert min(verdicts[last]["min_cosine_per_layer"]) >= 0.99, verdicts[last]
