@@ -414,10 +414,16 @@ _WRAPPERS: dict[str, dict[str, Any]] = {
                           "patch_size": 16, "pooling_kernel_size": 3,
                           "initializer_range": 0.02},
         "audio_config": None,
+        # The audio tokens too: Gemma4Processor refuses any input when the tokenizer lacks
+        # ``boa_token`` / ``eoa_token`` (its check reads "audio given and no audio token, or no
+        # boa token, or no eoa token"; transformers 5.19), as the published tokenizer has them.
         "tokens": {"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>",
-                   "video_token": "<|video|>"},
+                   "video_token": "<|video|>", "audio_token": "<|audio|>",
+                   "boa_token": "<|audio>", "eoa_token": "<audio|>"},
         "token_ids": {"boi_token_id": "boi_token", "eoi_token_id": "eoi_token",
-                      "image_token_id": "image_token", "video_token_id": "video_token"},
+                      "image_token_id": "image_token", "video_token_id": "video_token",
+                      "audio_token_id": "audio_token", "boa_token_id": "boa_token",
+                      "eoa_token_index": "eoa_token"},
         "processor": {
             "processor_config.json": {"processor_class": "Gemma4Processor",
                                       "image_seq_length": 280},
