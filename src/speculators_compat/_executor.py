@@ -18,6 +18,24 @@ the patcher, so ``deactivate()`` and a failed ``apply()`` restore the previous b
 exactly). There is therefore always exactly one class between speculators and vLLM's
 executor, whatever applies; vLLM's own modules and engines keep vLLM's class.
 
+Why each feature binds, rather than one installer adapter binding once: every feature's
+change has to be its own entry in the patcher, so that the guarantees every adapter has
+hold for features too. A failed feature rolls back alone (the binding returns to the
+class of the features before it, which keep acting), its report lists exactly the change
+it made, and the contract suite checks, feature by feature, that applying it alone
+changes only its declared target. The two single-installer designs each lose one of
+these: an installer *after* the features (features only register hooks) would report
+them applied before anything acts, and a failure to bind would leave every one of them
+"applied" and inert, or would have to refuse the generator for a performance feature's
+fault; an installer *before* them (features register into the class it bound) binds a
+class on releases where no feature applies (speculators gets vLLM's own class there
+today), and when it fails the features become "not needed", a status that never fails
+closed. The result is the same either way: at every moment exactly one class, built by
+:func:`build` with every feature applied so far, stands between speculators and vLLM's
+executor; only :func:`install`, called only by ``ExecutorFeature.patch``, binds it
+(``tests/unit/test_executor.py`` checks both, and that no module subclasses an executor
+in a ``class`` statement).
+
 Hook order: features run in registry order; for the call hooks (``rpc``,
 ``execute_model``, ``sample_tokens``) the later feature is the outer one, and gets the
 inner chain as ``call`` (ending in vLLM's method). Where that order matters, the feature

@@ -112,3 +112,26 @@ def test_vllm_methods_are_reachable_under_the_hooks():
     ex = cls(log)
     assert ex.compat_vllm("collective_rpc")("y") == "vllm:y"
     assert ex.collective_rpc("y") == "tag(vllm:y)"
+
+
+def test_one_place_builds_and_binds_the_executor():
+    """No module of the package subclasses an executor in a ``class`` statement, and
+    ``_executor.install`` (the one binding of ``MultiprocExecutor``) is called only by
+    ``ExecutorFeature.patch`` (adapters/_base.py)."""
+    import ast
+    from pathlib import Path
+
+    src = Path(_executor.__file__).parent
+    subclasses, callers = [], []
+    for path in sorted(src.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and any(
+                    "Executor" in ast.unparse(b) and "ExecutorHooks" not in ast.unparse(b)
+                    and "ExecutorFeature" not in ast.unparse(b) for b in node.bases):
+                subclasses.append(f"{path.relative_to(src)}:{node.name}")
+            if isinstance(node, ast.Attribute) and node.attr == "install" and \
+                    ast.unparse(node.value) == "_executor":
+                callers.append(path.relative_to(src).as_posix())
+    assert subclasses == [], subclasses
+    assert callers == ["adapters/_base.py"], callers
