@@ -412,7 +412,8 @@ _WRAPPERS: dict[str, dict[str, Any]] = {
         "vision_config": {"num_hidden_layers": 1, "hidden_size": 128, "intermediate_size": 256,
                           "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64,
                           "patch_size": 16, "pooling_kernel_size": 3,
-                          "initializer_range": 0.02},
+                          # vLLM's Gemma 4 reads it (soft tokens per image; published: 280)
+                          "default_output_length": 280, "initializer_range": 0.02},
         "audio_config": None,
         # The audio tokens too: Gemma4Processor refuses any input when the tokenizer lacks
         # ``boa_token`` / ``eoa_token`` (its check reads "audio given and no audio token, or no

@@ -75,7 +75,9 @@ def known_wrong_compares(model_path: str, sequences, actual, layers,
     def compare(a, e):
         return _compare(a, e, **(tolerances or {}))
 
-    n_layers = transformers.AutoConfig.from_pretrained(model_path).num_hidden_layers
+    # The language model's count: a multimodal wrapper's config keeps it in text_config.
+    n_layers = transformers.AutoConfig.from_pretrained(model_path).get_text_config(
+        ).num_hidden_layers
     wanted = sorted(set(layers) | {k + 1 if k + 1 < n_layers else k - 1 for k in layers}
                     | {k - 1 for k in layers if k > 0})
     ref_all = reference_hidden_states(model_path, sequences, wanted)
