@@ -59,8 +59,12 @@ def runs():
     if _gemma4_runs_here():
         args["gemma4"] = ("--model", checkpoint("gemma4"), "--layers", "0,4,5", *COMMON,
                           *chunked)
+    scripts = dict.fromkeys(args, "generate.py")
+    if _qwen3_next_runs_here():
+        scripts["qwen3_next_errors"] = "errors.py"
+        args["qwen3_next_errors"] = ("--model", checkpoint("qwen3_next"), "--layers", "0,2,3")
     with ThreadPoolExecutor(max_workers=max(1, len(args))) as pool:
-        yield {name: pool.submit(run_script, "generate.py", *a) for name, a in args.items()}
+        yield {name: pool.submit(run_script, scripts[name], *a) for name, a in args.items()}
 
 
 def test_qwen3_next_linear_attention_matches_transformers(runs):
@@ -76,3 +80,27 @@ def test_gemma4_sliding_and_full_of_two_head_sizes_match_transformers(runs):
         pytest.skip(f"Gemma 4 needs transformers 5 (this env: {installed('transformers')}, "
                     f"vLLM {vllm_version()})")
     assert_generated_ok(runs["gemma4"].result())
+
+
+def test_qwen3_next_failed_and_interrupted_calls_leave_no_linear_attention_state(runs):
+    """The failure paths of ``test_errors.py`` on a model with per-request linear-attention
+    state (Qwen3-Next): a call whose first or second model step raises leaves the scheduler
+    empty, and the next call on the same generator still equals transformers (no state of
+    the failed call's requests reaches it); an interrupted call issues no RPC and makes the
+    generator refuse further calls."""
+    if not _qwen3_next_runs_here():
+        pytest.skip(f"vLLM {vllm_version()}'s CPU build does not load Qwen3-Next (verified "
+                    f"from {QWEN3_NEXT_CPU})")
+    result = runs["qwen3_next_errors"].result()
+    empty = {"requests": 0, "running": 0, "waiting": 0, "deferred": 0}
+    for section in ("failed_step", "failed_second_step"):
+        info = result[section]
+        assert "error" not in info, info
+        assert "injected failure" in info["failed"]["message"], info["failed"]
+        assert info["scheduler_after_failure"] == empty, info
+        nxt = info["next_call"]
+        assert nxt["returned"] == nxt["expected"] == 12 and nxt["input_order"], nxt
+        assert nxt["compare_ok"], nxt
+    info = result["interrupted"]
+    assert info["raised"] == "KeyboardInterrupt" and info["rpcs_after_interrupt"] == [], info
+    assert info["next_call"]["raised"] == "CompatError", info

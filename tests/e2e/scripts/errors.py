@@ -1,6 +1,6 @@
 """Bad input and failures: clear errors, nothing run, nothing leaked into the next call.
 
-Usage: errors.py --out FILE --model PATH
+Usage: errors.py --out FILE --model PATH [--layers 0,2,5]
 
 One generator, in this order: bad input (refused before anything runs); a good batch
 after those; a 40-sequence call whose first model step raises (injected on the
@@ -44,6 +44,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--model", required=True)
+    p.add_argument("--layers", default="0,2,5", help="captured layers (comma-separated)")
     a = p.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     import speculators_compat
@@ -56,7 +57,7 @@ if __name__ == "__main__":
     from speculators_compat.demo.reference import compare, reference_hidden_states
     from speculators_compat.demo.runner import make_sequences, owns_exactly
 
-    LAYERS = [0, 2, 5]
+    LAYERS = [int(x) for x in a.layers.split(",")]
     out = {}
     t = time.perf_counter()
     out["layer_out_of_range"] = attempt(
