@@ -5,7 +5,9 @@ replicas' files equal one run's: speculators' unchanged offline script
 Runs, on the same samples (each in its own folder, the same relative ``--output-dir``, so
 their commands read the same):
 
-- (a) ``speculators-compat run SCRIPT ...``: one run;
+- (a) ``speculators-compat run SCRIPT ...``: one run (388 samples on a GPU, 10 on a CPU:
+  not a multiple of twice the batch size 8, so the second replica's batches hold other
+  samples than one run's);
 - (b) ``speculators-compat run --data-parallel 2 [--replicas-per-gpu 2] SCRIPT ...``: two
   replicas; on a GPU both on the one GPU with half the script's default memory share each
   (``--gpu-memory-utilization`` 0.4), on a CPU host on disjoint cores (the launcher's core
@@ -36,7 +38,7 @@ Device (``tools/gpu_data_parallel.sh`` does it after the kit's preamble)::
     python3 tests/e2e/scripts/gpu_data_parallel.py --device gpu --out $OUT \\
         --work /root/gpu-dp --site /root/site --spec 0.4.0.1=/root/spec-0.4.0.1
 
-CPU (tiny model, a few samples, (a) and (b) only)::
+CPU (tiny model, 10 samples, (a) and (b) only)::
 
     .envs/vllm-0.32.0/bin/python tests/e2e/scripts/gpu_data_parallel.py --device cpu \\
         --out /tmp/dp-out --work /tmp/dp-work --spec 0.4.0.1=.envs/speculators-0.4.0.1
@@ -217,7 +219,9 @@ class DataParallelRuns:
         a = self.a
         shape = a.shape or ("1b" if self.gpu else "tiny")
         model_cfg, layers = SHAPES[shape]
-        n = a.samples or (384 if self.gpu else 8)
+        # not a multiple of 2 x the batch size: replica 1's batches hold other samples than
+        # one run's, so the comparison sees different batch compositions
+        n = a.samples or (388 if self.gpu else 10)
         lo, hi = (a.min_len, a.max_len) if a.min_len else ((256, 512) if self.gpu else (20, 40))
         ckpt = Path(a.ckpt) if a.ckpt else (
             Path("/root/gpu-bench/ckpt/llama3-8b-shape") if shape == "8b" else
@@ -245,7 +249,8 @@ class DataParallelRuns:
                   str(a.batch_size), "--seq-length", str(seq_length),
                   "--tensor-parallel-size", "1", "--max-samples", str(n),
                   "--num-preprocessing-workers", "1"]
-        runs = [r for r in RUNS if self.gpu or not r[2]]
+        by_name = {r[0]: r for r in RUNS}
+        runs = [by_name[x] for x in a.runs if self.gpu or not by_name[x][2]]
         for i, (name, replicas, invariant) in enumerate(runs):
             left = self.remaining() - a.compare_reserve * (1 + (len(runs) - i - 1) // 2)
             if left < a.min_run:
@@ -255,9 +260,9 @@ class DataParallelRuns:
             self.doc["runs"][name] = self.run_one(name, replicas, invariant, common, n,
                                                   min(a.run_timeout, left))
             self.save()
-            if name in ("b", "d"):
-                first = {"b": "a", "d": "c"}[name]
-                self.compare(first, name, invariant)
+            pair = {"b": "a", "d": "c"}.get(name)
+            if pair in self.doc["runs"]:
+                self.compare(pair, name, invariant)
         self.finish()
         return 0 if self.doc["ok"] else 1
 
@@ -378,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), default=None,
                    help="the checkpoint (default 1b on GPU, tiny on CPU)")
     p.add_argument("--ckpt", default=None, help="the checkpoint folder (built if absent)")
-    p.add_argument("--samples", type=int, default=None, help="default 384 GPU, 8 CPU")
+    p.add_argument("--samples", type=int, default=None, help="default 388 GPU, 10 CPU")
     p.add_argument("--min-len", type=int, default=None)
     p.add_argument("--max-len", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=8)
@@ -386,17 +391,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-timeout", type=float, default=None,
                    help="seconds per run (default 180 GPU, 900 CPU)")
     p.add_argument("--deadline", type=float, default=None,
-                   help="seconds for everything (default 560 GPU, 3000 CPU)")
+                   help="seconds for everything (default 545 GPU, 3000 CPU)")
     p.add_argument("--min-run", type=float, default=60,
                    help="no run starts with fewer seconds left")
     p.add_argument("--compare-reserve", type=float, default=30)
     p.add_argument("--keep-output", action="store_true")
+    p.add_argument("--runs", default="a,b,c,d",
+                   help="which of (a)..(d), in this order, comma-separated (each pair "
+                        "compared once both ran; b after a, d after c)")
     a = p.parse_args(argv)
     if a.device is None:
         a.device = "gpu" if gpu_bench._nvidia_smi() else "cpu"
     gpu = a.device == "gpu"
+    a.runs = [r.strip() for r in a.runs.split(",") if r.strip()]
+    if not set(a.runs) <= {r[0] for r in RUNS}:
+        p.error(f"--runs {','.join(a.runs)}: a, b, c, d")
     a.run_timeout = a.run_timeout or (180 if gpu else 900)
-    a.deadline = a.deadline or (560 if gpu else 3000)
+    a.deadline = a.deadline or (545 if gpu else 3000)
     spec = a.spec or "0.4.0.1=/root/spec-0.4.0.1"
     version, sep, path = spec.partition("=")
     if not sep:
