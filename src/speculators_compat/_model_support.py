@@ -127,6 +127,19 @@ def refusal(config: Any, *, gpu: bool, drops_block_stride: bool) -> str | None:
     return None
 
 
+def refusal_of_config_file(config: dict[str, Any]) -> str | None:
+    """:func:`refusal` for a ``config.json`` read as JSON (``doctor --model``: nothing is
+    imported or loaded), with this platform's probes where the config needs them."""
+    from types import SimpleNamespace
+
+    text = config.get("text_config")
+    ns = SimpleNamespace(**{k: v for k, v in config.items() if k != "text_config"},
+                         text_config=SimpleNamespace(**text) if isinstance(text, dict) else None)
+    mixed = mixed_attention_kinds(ns) is not None
+    return refusal(ns, gpu=mixed and gpu_platform(),
+                   drops_block_stride=mixed and unify_drops_block_stride())
+
+
 def check_generator_model(model_path: str) -> None:
     """Raise ``CompatError`` before the generator loads anything it cannot run."""
     from transformers import AutoConfig
