@@ -10,7 +10,7 @@ head records the current commit and the check passes again.
 and every module of the package they reach, through imports (at the top or inside
 functions) or by name in a string (vLLM's workers load ``worker_extension`` from the
 dotted path an adapter hands them). ``__main__``, the demo, the shipped ``_proven.json``
-and ``_proven`` (:data:`NOT_ADAPTER_CODE`) are not: changing them changes no verdict the
+and ``_matrix_proof`` (:data:`NOT_ADAPTER_CODE`) are not: changing them changes no verdict the
 matrix records.
 
 What counts is the code, not its text: a file is compared as its syntax tree without
@@ -52,10 +52,10 @@ RESULTS = ROOT / "docs" / "support-matrix.json"
 PACKAGE = "speculators_compat"
 ADAPTERS = f"{PACKAGE}.adapters"
 RERUN = "python3 tools/matrix.py run"
-#: Modules adapters reach that change no verdict the matrix records: ``_proven`` phrases
+#: Modules adapters reach that change no verdict the matrix records: ``_matrix_proof`` phrases
 #: what the recorded results say (doctor's and the report's text about them), from the
 #: shipped copy of those results. Editing it must not make the records it reads stale.
-NOT_ADAPTER_CODE = frozenset({f"{PACKAGE}._proven"})
+NOT_ADAPTER_CODE = frozenset({f"{PACKAGE}._matrix_proof"})
 
 
 # --------------------------------------------------------------------------- adapter code

@@ -1,7 +1,7 @@
 """``src/speculators_compat/_proven.json``: the matrix's results as the package ships them.
 
 Why: ``doctor`` and the activation report say whether the installed vLLM is a release
-the matrix proved, and at which level (``speculators_compat._proven``). The package
+the matrix proved, and at which level (``speculators_compat._matrix_proof``). The package
 cannot read docs/, so the renderer (``tools/matrix.py render``, and every save of a
 ``run``) writes this copy: per vLLM release (its public version), per level, the
 speculators releases for which everything held, when, and at which shim commit.

@@ -26,7 +26,7 @@ import matrix_proven  # noqa: E402  (the package's copy of the results)
 
 #: GPU results written by ``tools/gpu_run.sh`` (docs/gpu.md), rendered as their own table.
 GPU_RESULTS = ROOT / "docs" / "results"
-#: The copy of the results the package ships (``speculators_compat._proven``).
+#: The copy of the results the package ships (``speculators_compat._matrix_proof``).
 PROVEN = ROOT / "src" / "speculators_compat" / "_proven.json"
 ARCHITECTURES = ROOT / "docs" / "architectures.md"
 

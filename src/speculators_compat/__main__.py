@@ -40,7 +40,7 @@ from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
-from . import _env, _proven, _versions
+from . import _env, _matrix_proof, _versions
 
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN_NAME = "speculators_compat"
@@ -87,7 +87,13 @@ def _model_family(model: str, versions: dict[str, Any]) -> dict[str, Any]:
     archs = list(cfg.get("architectures") or [])
     text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
     archs += [a for a in text_cfg.get("architectures") or [] if a not in archs]
-    return _proven.family_verdict(archs, versions.get("vllm"), versions.get("speculators"))
+    verdict = _matrix_proof.family_verdict(archs, versions.get("vllm"), versions.get("speculators"))
+    from ._model_support import refusal_of_config_file
+
+    why = refusal_of_config_file(cfg)
+    if why:
+        verdict.update(proven=False, level=None, refused=True, text=why)
+    return verdict
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -102,7 +108,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         report = ACTIVATION.activate(strict=False)
     except UnsupportedError as exc:
         versions = _versions.snapshot()
-        proven = _proven.verdict(versions["vllm"], versions["speculators"])
+        proven = _matrix_proof.verdict(versions["vllm"], versions["speculators"])
         if args.json:
             print(json.dumps({"supported": False, "error": str(exc), "versions": versions,
                               "proven": proven, "plugin": plugin_status()}, indent=2))

@@ -20,10 +20,11 @@ from ._report import Kind, Status
 
 
 class Phase(str, enum.Enum):
-    """Where an adapter acts: the process that drives vLLM, or vLLM's worker processes."""
+    """In which processes an adapter acts: only the one that drives vLLM (skipped in
+    vLLM's workers), or both it and vLLM's workers. (The process an activation runs in is
+    the string ``Context.process``, ``"driver"`` or ``"worker"``.)"""
 
     DRIVER = "driver"
-    WORKER = "worker"
     BOTH = "both"
 
 
@@ -35,13 +36,12 @@ class Stage(str, enum.Enum):
     a module is imported (:attr:`precedes`): ``activate()`` refuses to run after that
     import (``_order``), and vLLM's workers get them at interpreter start
     (``_bootstrap``). ``generator`` adapters rebind names inside speculators' imported
-    generator module; ``worker`` adapters act only inside vLLM's worker processes.
+    generator module.
     """
 
     BEFORE_SPECULATORS_IMPORT = "before-speculators-import"
     BEFORE_GENERATOR_IMPORT = "before-generator-import"
     GENERATOR = "generator"
-    WORKER = "worker"
 
     @property
     def precedes(self) -> str | None:

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 
-from . import _bootstrap, _draft_layers, _env, _order, _provenance
+from . import _bootstrap, _draft_layers, _env, _layer_record, _order
 from ._activation import Activation
 from ._adapter import Adapter
 from ._errors import CompatError
@@ -43,9 +43,9 @@ def _write_data_files(report: Report, path: str) -> None:
     """The report at ``path`` and, once a generator ran here, :data:`LAYERS_FILE
     <speculators_compat._draft_layers.LAYERS_FILE>` beside it: the layers the data holds,
     for a training process that reads that folder later."""
-    report.data = _provenance.data_section()
+    report.data = _layer_record.data_section()
     folder = os.path.dirname(os.path.abspath(path))
-    records = _provenance.generators()
+    records = _layer_record.generators()
     if records:
         os.makedirs(folder, exist_ok=True)
     report.to_json(path)
@@ -60,12 +60,12 @@ def _generator_built() -> None:
     current = ACTIVATION.report
     if current is None:
         return
-    current.data = _provenance.data_section()
+    current.data = _layer_record.data_section()
     if ACTIVATION.report_path:
         _write_data_files(current, ACTIVATION.report_path)
 
 
-_provenance.listen(_generator_built)
+_layer_record.listen(_generator_built)
 
 
 def activate(*, only: Iterable[str] | None = None, strict: bool | None = None) -> Report:

@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import _proven
+from . import _matrix_proof
 from ._files import write_text_atomic
 
 
@@ -92,7 +92,7 @@ class Report:
     process: str
     strict: bool
     active: bool
-    #: What this process generated, known only as it runs (``_provenance``): under
+    #: What this process generated, known only as it runs (``_layer_record``): under
     #: ``"hidden_states"`` one record per speculators generator (model, captured layers,
     #: the ids vLLM must feed a draft trained on them). Empty: no ``data`` key in the JSON.
     data: dict[str, Any] = field(default_factory=dict)
@@ -134,8 +134,8 @@ class Report:
         return d
 
     def proven(self) -> dict[str, Any]:
-        """What the support matrix proved for this vLLM and speculators (``_proven``)."""
-        return _proven.verdict(self.versions.get("vllm"), self.versions.get("speculators"))
+        """What the support matrix proved for this vLLM and speculators (``_matrix_proof``)."""
+        return _matrix_proof.verdict(self.versions.get("vllm"), self.versions.get("speculators"))
 
     def to_json(self, path: str | os.PathLike[str] | None = None, **kw: Any) -> str:
         """The report as JSON; also written to ``path`` if given (provenance beside data)."""
@@ -154,7 +154,7 @@ class Report:
                             if (names := self.applied_of(k)))
         return (f"speculators-compat {v.get('speculators_compat')} active in {self.process} "
                 f"pid {self.pid} (vllm {v.get('vllm')}, speculators {v.get('speculators')}; "
-                f"{_proven.short(v.get('vllm'), v.get('speculators'))}): "
+                f"{_matrix_proof.short(v.get('vllm'), v.get('speculators'))}): "
                 f"{parts}; applied: {by_kind or 'none'}")
 
     def table(self, status_text: dict[Status, str] | None = None) -> list[str]:

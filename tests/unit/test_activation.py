@@ -429,26 +429,23 @@ def test_only_unknown_name_raises_value_error_listing_known(make_activation, toy
 
 def test_worker_process_skips_driver_phase_adapters(make_activation, toy, mod):
     d = toy("driver_only", phase=Phase.DRIVER, change=setter(mod, "one", "patched"))
-    w = toy("worker_only", phase=Phase.WORKER, change=setter(mod, "two", "patched"))
     both = toy("both", phase=Phase.BOTH, change=setter(mod, "three", "patched"))
-    rep = make_activation(d, w, both).activate(process="worker")
+    rep = make_activation(d, both).activate(process="worker")
     assert rep.process == "worker"
     assert rep["driver_only"].status is Status.NOT_NEEDED
     assert "worker" in rep["driver_only"].reason
     assert d.probe_calls == 0 and d.apply_calls == 0
     assert mod.one == "one-original"
-    assert rep["worker_only"].status is Status.APPLIED and w.apply_calls == 1
     assert rep["both"].status is Status.APPLIED and both.apply_calls == 1
-    assert mod.two == "patched" and mod.three == "patched"
-    assert rep["worker_only"].phase == "worker"
+    assert mod.three == "patched"
+    assert rep["both"].phase == "both"
 
 
 def test_driver_process_applies_every_phase(make_activation, toy):
-    adapters = [toy("d", phase=Phase.DRIVER), toy("w", phase=Phase.WORKER),
-                toy("b", phase=Phase.BOTH)]
+    adapters = [toy("d", phase=Phase.DRIVER), toy("b", phase=Phase.BOTH)]
     rep = make_activation(*adapters).activate()
     assert rep.process == "driver"
-    assert rep.applied == ["d", "w", "b"]
+    assert rep.applied == ["d", "b"]
 
 
 # --------------------------------------------------------------------------- logging

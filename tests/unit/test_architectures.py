@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from speculators_compat import _proven
+from speculators_compat import _matrix_proof
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -63,17 +63,17 @@ def test_page_shows_results_reasons_and_age(results):
 
 def test_doctor_verdict(results, monkeypatch):
     fams = matrix_families.families(results, "sha256:now")
-    monkeypatch.setattr(_proven, "families", lambda: fams)
-    ok = _proven.family_verdict(["Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"],
+    monkeypatch.setattr(_matrix_proof, "families", lambda: fams)
+    ok = _matrix_proof.family_verdict(["Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"],
                                 "0.34.0+cu130", "0.4.0.1")
     assert ok["proven"] and ok["level"] == "gpu" and ok["architecture"] == "Gemma4ForCausalLM"
-    old = _proven.family_verdict(["Qwen3NextForCausalLM"], "0.34.0", "0.4.0.1")
+    old = _matrix_proof.family_verdict(["Qwen3NextForCausalLM"], "0.34.0", "0.4.0.1")
     assert not old["proven"] and "earlier adapter code" in old["text"]
-    failed = _proven.family_verdict(["KimiLinearForCausalLM"], "0.34.0", "0.4.0.1")
+    failed = _matrix_proof.family_verdict(["KimiLinearForCausalLM"], "0.34.0", "0.4.0.1")
     assert not failed["proven"] and "differs at layer 0" in failed["text"]
-    unknown = _proven.family_verdict(["FooForCausalLM"], "0.34.0", "0.4.0.1")
+    unknown = _matrix_proof.family_verdict(["FooForCausalLM"], "0.34.0", "0.4.0.1")
     assert not unknown["proven"] and "not in the architecture matrix" in unknown["text"]
-    elsewhere = _proven.family_verdict(["Gemma4ForCausalLM"], "0.33.0", "0.4.0.1")
+    elsewhere = _matrix_proof.family_verdict(["Gemma4ForCausalLM"], "0.33.0", "0.4.0.1")
     assert not elsewhere["proven"] and "vLLM 0.34.0 GPU" in elsewhere["text"]
 
 
@@ -81,5 +81,23 @@ def test_a_wrong_verdict_fails_these_checks(results, monkeypatch):
     """Shown once: were a failed run counted, the verdict test above would fail."""
     fams = matrix_families.families(results, "sha256:now")
     fams["KimiLinearForCausalLM"]["0.34.0"]["gpu"]["passed"] = ["0.4.0.1"]
-    monkeypatch.setattr(_proven, "families", lambda: fams)
-    assert _proven.family_verdict(["KimiLinearForCausalLM"], "0.34.0", "0.4.0.1")["proven"]
+    monkeypatch.setattr(_matrix_proof, "families", lambda: fams)
+    assert _matrix_proof.family_verdict(["KimiLinearForCausalLM"], "0.34.0", "0.4.0.1")["proven"]
+
+
+def test_doctor_names_a_refused_model(tmp_path):
+    """``doctor --model`` on a config the generator refuses (DeepSeek-V4's hyper-connection
+    streams, read as JSON: nothing loaded) gives the refusal, not a matrix verdict."""
+    import json
+
+    from speculators_compat.__main__ import _model_family
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+         "hc_mult": 4}))
+    v = _model_family(str(tmp_path), {"vllm": "0.34.0", "speculators": "0.4.0.1"})
+    assert v["refused"] and not v["proven"] and "4 residual streams" in v["text"], v
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    assert "refused" not in _model_family(str(tmp_path), {"vllm": "0.34.0",
+                                                          "speculators": "0.4.0.1"})

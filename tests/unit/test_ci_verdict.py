@@ -154,6 +154,6 @@ def test_a_path_selection_runs_only_in_the_suites_it_names():
     combinations only (collected in the unit suite's interpreter it was an error)."""
     assert envs._split_selection(["tests/e2e/test_transport.py", "-s"]) == (
         [], ["tests/e2e/test_transport.py"], ["-s"])
-    assert envs._split_selection(["tests/unit/test_proven.py::test_x", "tests/contract"]) == (
-        ["tests/unit/test_proven.py::test_x"], ["tests/contract"], [])
+    assert envs._split_selection(["tests/unit/test_matrix_proof.py::test_x", "tests/contract"]) == (
+        ["tests/unit/test_matrix_proof.py::test_x"], ["tests/contract"], [])
     assert envs._split_selection(["-k", "transport"]) == (None, None, ["-k", "transport"])

@@ -24,11 +24,10 @@ def test_registry_is_ordered_by_stage():
 
 def test_stage_agrees_with_phase():
     """What must precede ``import speculators`` acts in workers too (a spawned worker
-    re-runs the main script's imports); worker-stage adapters act only there."""
+    re-runs the main script's imports)."""
     for a in ADAPTERS:
         if a.stage is Stage.BEFORE_SPECULATORS_IMPORT:
             assert a.phase is Phase.BOTH, a.name
-        assert (a.stage is Stage.WORKER) == (a.phase is Phase.WORKER), a.name
 
 
 def test_targets_are_declared_in_module_colon_name_form():
@@ -62,7 +61,7 @@ def test_import_order_check_follows_the_declared_stages():
 def test_stage_precedes():
     assert Stage.BEFORE_SPECULATORS_IMPORT.precedes == "speculators"
     assert Stage.BEFORE_GENERATOR_IMPORT.precedes == "speculators.data_generation"
-    assert Stage.GENERATOR.precedes is None and Stage.WORKER.precedes is None
+    assert Stage.GENERATOR.precedes is None
 
 
 def test_registry_respects_every_declared_order():

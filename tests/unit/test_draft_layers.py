@@ -16,7 +16,7 @@ import warnings
 import pytest
 
 import speculators_compat
-from speculators_compat import _check_draft, _draft_layers, _env, _provenance
+from speculators_compat import _check_draft, _draft_layers, _env, _layer_record
 from speculators_compat.__main__ import main
 from speculators_compat._draft_layers import FIELD, DataLayers, Lookup
 from speculators_compat._errors import DraftLayersWarning
@@ -31,9 +31,9 @@ LAYERS = [2, 16, 29, 31]  # speculators' default for a 32-layer target
 
 @pytest.fixture(autouse=True)
 def _no_records():
-    _provenance.clear()
+    _layer_record.clear()
     yield
-    _provenance.clear()
+    _layer_record.clear()
 
 
 def test_numbering():
@@ -95,7 +95,7 @@ def test_generator_record_reaches_report_file_and_layers_file(toy_global, toy, t
     assert act.report_path == str(out / "compat-report.json")
     first = json.loads((out / "compat-report.json").read_text())
     assert "data" not in first and not (out / _draft_layers.LAYERS_FILE).exists()
-    _provenance.record_generator(_draft_layers.generator_record("/m", LAYERS, 32))
+    _layer_record.record_generator(_draft_layers.generator_record("/m", LAYERS, 32))
     report = json.loads((out / "compat-report.json").read_text())
     rec = report["data"]["hidden_states"][0]
     assert rec["layer_ids"] == LAYERS and rec[FIELD] == [3, 17, 30]
@@ -119,7 +119,7 @@ def test_report_folder_made_later(toy_global, toy, tmp_path, monkeypatch):
     toy_global(toy("a"))
     speculators_compat.activate()
     assert not out.exists()
-    _provenance.record_generator(_draft_layers.generator_record("/m", LAYERS, 32))
+    _layer_record.record_generator(_draft_layers.generator_record("/m", LAYERS, 32))
     assert json.loads((out / "compat-report.json").read_text())["data"]
     assert _draft_layers.for_dirs([out]).layers.layer_ids == tuple(LAYERS)
 

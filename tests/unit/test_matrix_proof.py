@@ -3,7 +3,7 @@
 The package ships a copy of the matrix's results (``_proven.json``, written by
 ``tools/matrix.py render``): it must be current with docs/support-matrix.json and the GPU
 result files. What counts as proven (``tools/matrix_proven.py``) and what the package
-says about it (``speculators_compat._proven``) are checked on made-up results.
+says about it (``speculators_compat._matrix_proof``) are checked on made-up results.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from speculators_compat import _proven
+from speculators_compat import _matrix_proof
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -26,7 +26,7 @@ SPECS = ("0.3.0", "0.4.0.1")
 
 def test_shipped_copy_is_current():
     data = json.loads((ROOT / "docs" / "support-matrix.json").read_text())
-    assert Path(_proven.FILE).read_text() == matrix_render.render_proven(data), (
+    assert Path(_matrix_proof.FILE).read_text() == matrix_render.render_proven(data), (
         "src/speculators_compat/_proven.json is out of date: run python3 tools/matrix.py "
         "render")
 
@@ -115,11 +115,11 @@ TABLE = {
 
 @pytest.fixture
 def table(monkeypatch):
-    monkeypatch.setattr(_proven, "releases", lambda: TABLE)
+    monkeypatch.setattr(_matrix_proof, "releases", lambda: TABLE)
 
 
 def test_best_level_wins(table):
-    v = _proven.verdict("0.26.0", "0.4.0.1")
+    v = _matrix_proof.verdict("0.26.0", "0.4.0.1")
     assert v["proven"] and v["level"] == "gpu" and v["shim"] == "g"
     assert "GPU" in v["text"] and "newest_proven" not in v
 
@@ -127,50 +127,50 @@ def test_best_level_wins(table):
 def test_gpu_run_of_older_adapter_code_is_named_not_counted(monkeypatch):
     older = {"speculators": ["0.3.0", "0.4.0.1"], "recorded": "d1", "shim": "g",
              "current": False}
-    monkeypatch.setattr(_proven, "releases", lambda: {
+    monkeypatch.setattr(_matrix_proof, "releases", lambda: {
         **TABLE, "0.26.0": {**TABLE["0.26.0"], "gpu": older},
         "0.34.0": {**TABLE["0.34.0"], "gpu": older}, "0.33.0": {"gpu": older}})
-    v = _proven.verdict("0.26.0", "0.4.0.1")
+    v = _matrix_proof.verdict("0.26.0", "0.4.0.1")
     assert v["level"] == "cpu-e2e" and v["shim"] == "c"
     assert v["older_gpu"] == {"speculators": ["0.3.0", "0.4.0.1"], "recorded": "d1",
                               "shim": "g"}
     assert v["text"].endswith("a GPU run passed on d1 at shim commit g, with older adapter "
                               "code than this release of speculators-compat (not counted)")
-    assert _proven.short("0.26.0", "0.4.0.1") == "matrix: proven, CPU e2e"
-    v = _proven.verdict("0.34.0", "0.3.0")
+    assert _matrix_proof.short("0.26.0", "0.4.0.1") == "matrix: proven, CPU e2e"
+    v = _matrix_proof.verdict("0.34.0", "0.3.0")
     assert v["level"] == "contract" and "older adapter code" in v["text"]
-    v = _proven.verdict("0.33.0", "0.3.0")  # nothing current: not proven
+    v = _matrix_proof.verdict("0.33.0", "0.3.0")  # nothing current: not proven
     assert not v["proven"] and "other_speculators" not in v
     assert "not a release the support matrix proved" in v["text"]
-    assert _proven.newest() == ("0.34.0", "contract")
+    assert _matrix_proof.newest() == ("0.34.0", "contract")
 
 
 def test_cpu_build_version_and_local_part(table):
-    v = _proven.verdict("0.32.0+cpu", "0.3.0")
+    v = _matrix_proof.verdict("0.32.0+cpu", "0.3.0")
     assert v["vllm"] == "0.32.0" and v["level"] == "cpu-e2e"
     assert v["text"].startswith("vLLM 0.32.0 is proven by the support matrix: CPU e2e")
-    assert _proven.short("0.32.0", "0.3.0") == "matrix: proven, CPU e2e"
+    assert _matrix_proof.short("0.32.0", "0.3.0") == "matrix: proven, CPU e2e"
 
 
 def test_contract_level_names_the_newest_end_to_end(table):
-    v = _proven.verdict("0.34.0", "0.4.0.1")
+    v = _matrix_proof.verdict("0.34.0", "0.4.0.1")
     assert v["level"] == "contract"
     assert "contract: probes only" in v["text"]
     assert "newest run end to end: 0.32.0 (CPU e2e)" in v["text"]
 
 
 def test_unproven_release_names_the_newest(table):
-    v = _proven.verdict("0.30.0", "0.4.0.1")
+    v = _matrix_proof.verdict("0.30.0", "0.4.0.1")
     assert not v["proven"] and v["level"] is None
     assert v["newest_proven"] == {"vllm": "0.34.0", "level": "contract"}
     assert v["newest_end_to_end"] == {"vllm": "0.32.0", "level": "cpu-e2e"}
     assert "not a release the support matrix proved" in v["text"]
-    assert _proven.short("0.30.0", "0.4.0.1") == ("matrix: not proven (newest proven: "
+    assert _matrix_proof.short("0.30.0", "0.4.0.1") == ("matrix: not proven (newest proven: "
                                                   "0.34.0, contract: probes only)")
 
 
 def test_proven_with_another_speculators_only(table):
-    v = _proven.verdict("0.11.0", "0.4.0.1")
+    v = _matrix_proof.verdict("0.11.0", "0.4.0.1")
     assert not v["proven"] and v["other_speculators"] == ["0.3.0"]
     assert "only with speculators 0.3.0, not 0.4.0.1" in v["text"]
 

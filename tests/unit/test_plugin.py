@@ -15,7 +15,7 @@ from speculators_compat._report import Status
 
 @pytest.fixture
 def adapters(toy):
-    return [toy("driver_side", phase=Phase.DRIVER), toy("worker_side", phase=Phase.WORKER),
+    return [toy("driver_side", phase=Phase.DRIVER), toy("worker_side", phase=Phase.BOTH),
             toy("both_sides", phase=Phase.BOTH)]
 
 
@@ -91,7 +91,7 @@ def test_only_and_strict_travel_to_the_worker(toy_global, adapters, toy):
     assert rep.applied == ["worker_side"]
     assert rep["both_sides"].status is Status.DISABLED, rep["both_sides"]
     worker.deactivate()
-    broken = toy_global(toy("driver_side"), toy("worker_side", phase=Phase.WORKER,
+    broken = toy_global(toy("driver_side"), toy("worker_side", phase=Phase.BOTH,
                                                 verdict=Verdict.mismatch("unknown shape")))
     with pytest.raises(CompatError, match="strict"):  # refused there, with the reason
         _plugin.register()

@@ -24,7 +24,7 @@ def mixed(toy):
         toy("not_needed_one", verdict=Verdict.not_needed("fixed upstream")),
         toy("mismatch_one", verdict=Verdict.mismatch("unknown shape")),
         toy("failed_one", verdict=RuntimeError("probe boom")),
-        toy("disabled_one", phase=Phase.WORKER),
+        toy("disabled_one", phase=Phase.BOTH),
     ]
 
 
@@ -62,7 +62,7 @@ def test_as_dict_is_json_serialisable_and_complete(report):
     assert adapters["applied_one"]["vllm_range"] == ">=0.12.0.dev0"
     assert adapters["not_needed_one"]["reason"] == "fixed upstream"
     assert "probe boom" in adapters["failed_one"]["reason"]
-    assert adapters["disabled_one"]["phase"] == "worker"
+    assert adapters["disabled_one"]["phase"] == "both"
 
 
 def test_versions_reflect_vllm_override(make_activation, toy, monkeypatch):

@@ -36,7 +36,7 @@ def _version() -> Version:
 def test_a_release_carries_results_of_its_adapter_code():
     """The release gate: records of older adapter code are allowed only in a development
     version (``X.Y.Z.devN``), where the shipped ``_proven.json`` marks them not current
-    (``test_proven.py::test_shipped_copy_is_current`` keeps it rendered with today's
+    (``test_matrix_proof.py::test_shipped_copy_is_current`` keeps it rendered with today's
     digest), so ``doctor`` does not count them; a release needs every record current."""
     verdict = matrix_fresh.check(json.loads(matrix_fresh.RESULTS.read_text()))
     assert verdict.checked > 0

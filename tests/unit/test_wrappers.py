@@ -7,7 +7,7 @@ import wrapt
 
 from speculators_compat import _speculators
 from speculators_compat._report import Kind
-from speculators_compat.adapters import _helpers
+from speculators_compat.adapters import _wrappers
 
 
 def _echo(*args, **kwargs):
@@ -15,29 +15,29 @@ def _echo(*args, **kwargs):
 
 
 def test_default_kwarg_fills_only_what_the_caller_left_out():
-    f = wrapt.FunctionWrapper(_echo, _helpers.default_kwarg("flag", False))
+    f = wrapt.FunctionWrapper(_echo, _wrappers.default_kwarg("flag", False))
     assert f(1) == ((1,), {"flag": False})
     assert f(1, flag=True) == ((1,), {"flag": True})
 
 
 def test_drop_kwarg_drops_only_that_argument():
-    f = wrapt.FunctionWrapper(_echo, _helpers.drop_kwarg("gone"))
+    f = wrapt.FunctionWrapper(_echo, _wrappers.drop_kwarg("gone"))
     assert f(1, gone=2, kept=3) == ((1,), {"kept": 3})
     assert f(1) == ((1,), {})
 
 
 def test_argument_reads_keyword_then_position_then_default():
-    assert _helpers.argument((), {"x": 1}, "x", 0) == 1
-    assert _helpers.argument((5, 6), {}, "x", 1) == 6
-    assert _helpers.argument((5,), {}, "x", 1) is None
-    assert _helpers.argument((5,), {}, "x", 1, default=7) == 7
+    assert _wrappers.argument((), {"x": 1}, "x", 0) == 1
+    assert _wrappers.argument((5, 6), {}, "x", 1) == 6
+    assert _wrappers.argument((5,), {}, "x", 1) is None
+    assert _wrappers.argument((5,), {}, "x", 1, default=7) == 7
 
 
 def test_subclass_is_thin_and_named_for_the_adapter():
     class Base:
         """doc"""
 
-    sub = _helpers.subclass(Base, "my_adapter", {"x": 1})
+    sub = _wrappers.subclass(Base, "my_adapter", {"x": 1})
     assert issubclass(sub, Base) and sub.__name__ == "Base" and sub.__doc__ == "doc"
     assert sub.__qualname__.endswith("[compat:my_adapter]") and vars(sub)["x"] == 1
 

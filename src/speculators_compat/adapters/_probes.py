@@ -140,6 +140,19 @@ def speculators_class(ctx: Context, module: str, name: str) -> type | None:
         return None
 
 
+#: vLLM's switch between the V1 model runner and Model Runner V2.
+V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def knows_v2_runner_switch() -> bool:
+    """Whether the installed vLLM has :data:`V2_SWITCH` among its variables."""
+    try:
+        envs = importlib.import_module("vllm.envs")
+    except ImportError:
+        return False
+    return V2_SWITCH in getattr(envs, "environment_variables", {})
+
+
 #: transformers' config module (its config base: the ``transformers5_config_*`` adapters).
 TRANSFORMERS_CONFIG = "transformers.configuration_utils"
 

@@ -1,20 +1,19 @@
-"""What several adapters share about the generator and vLLM's workers (imports no adapter).
+"""The workers' hidden-state extension: which one a generator's workers must run, and
+which one they do run (imports no adapter).
 
-Adapters never import each other: what one of them produces and another one reads
-(the worker extension a generator's workers must run, the scheduler's abort-all method),
-the refusal every fail-closed adapter installs, how the workers are asked which
-extension they run, and vLLM's model-runner switch live here. Which adapter must have
-applied for another one to act is declared on the adapter (``Adapter.requires``) and
-decided by the activation, not by re-running another adapter's probe.
+``hook_capture`` names the shim's extension (:data:`COMPAT_EXTENSIONS`) in the activation's
+context (:data:`WORKER_EXTENSION_KEY`); ``generate_guard`` asks the workers which one they
+run (:func:`running_extensions`) and refuses a mismatch. Adapters never import each
+other, so what one produces and another reads lives in a module of its own like this
+one; which adapter must have applied for another one to act is declared on the adapter
+(``Adapter.requires``) and decided by the activation.
+
+(Still named ``_shared``: ``tests/e2e/scripts/errors.py`` imports
+:func:`running_extensions` from here.)
 """
 
 from __future__ import annotations
 
-import importlib
-
-from .._adapter import Context
-from .._errors import CompatError
-from .._patcher import Patcher
 from .._speculators import CONTRACT_BY_REQUEST, CONTRACT_LIST, WORKER_EXTENSION
 from . import _probes
 
@@ -30,36 +29,6 @@ COMPAT_EXTENSIONS = {
     CONTRACT_LIST: "speculators_compat.worker_extension.ListContractExtension",
     CONTRACT_BY_REQUEST: "speculators_compat.worker_extension.ByRequestContractExtension",
 }
-
-#: Method of the ``Scheduler`` rebound by ``scheduler_prefill_only`` that aborts every
-#: request at once, deferred ones included (``generate_guard``'s cleanup calls it).
-ABORT_ALL = "_compat_abort_all"
-
-#: vLLM's switch between the V1 model runner and Model Runner V2.
-V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"
-
-
-def knows_v2_runner_switch() -> bool:
-    """Whether the installed vLLM has :data:`V2_SWITCH` among its variables."""
-    try:
-        envs = importlib.import_module("vllm.envs")
-    except ImportError:
-        return False
-    return V2_SWITCH in getattr(envs, "environment_variables", {})
-
-
-def refuse_generator(patcher: Patcher, ctx: Context, message: str) -> None:
-    """Fail closed: make building a generator, and ``generate()``, raise ``message``
-    (what every fail-closed adapter's ``refuse()`` installs; ``_targets.REFUSAL_TARGETS``)."""
-    gen = _probes.generator_module(ctx)
-    if gen is None:
-        return
-
-    def refuse(wrapped, instance, args, kwargs):
-        raise CompatError(message)
-
-    patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", refuse)
-    patcher.wrap(gen.VllmHiddenStatesGenerator, "generate", refuse)
 
 
 def worker_classes(worker) -> list[str]:

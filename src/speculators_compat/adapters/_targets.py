@@ -23,6 +23,10 @@ def in_generator(*names: str) -> tuple[str, ...]:
     return tuple(f"{GENERATOR_MODULE}:{n}" for n in names)
 
 
-#: What ``_shared.refuse_generator`` wraps when a fail-closed adapter refuses.
+#: What ``_refusal.refuse_generator`` wraps when a fail-closed adapter refuses.
 REFUSAL_TARGETS = in_generator("VllmHiddenStatesGenerator.__init__",
                                "VllmHiddenStatesGenerator.generate")
+
+#: Method of the ``Scheduler`` rebound by ``scheduler_prefill_only`` that aborts every
+#: request at once, deferred ones included (``generate_guard``'s cleanup calls it).
+ABORT_ALL = "_compat_abort_all"

@@ -40,7 +40,7 @@ import os
 import warnings
 from typing import Any
 
-from .. import _draft_layers, _provenance
+from .. import _draft_layers, _layer_record
 from .._adapter import Adapter, Context, Phase, Verdict
 from .._draft_layers import FIELD, Lookup
 from .._errors import DraftLayersWarning
@@ -232,6 +232,6 @@ def _record_generator(wrapped, instance, args, kwargs):
     out = wrapped(*args, **kwargs)
     layer_ids = list(getattr(instance, "layer_ids", None) or [])
     if layer_ids:
-        _provenance.record_generator(_draft_layers.generator_record(
+        _layer_record.record_generator(_draft_layers.generator_record(
             getattr(instance, "model_path", None), layer_ids, _num_layers(instance)))
     return out

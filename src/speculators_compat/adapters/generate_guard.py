@@ -47,7 +47,7 @@ from .._adapter import Context, Verdict
 from .._errors import CompatError
 from .._patcher import Patcher, _label, target_of
 from .._report import Kind
-from . import _batch, _helpers, _liveness, _probes, _shared, _targets
+from . import _batch, _liveness, _probes, _refusal, _shared, _targets, _wrappers
 from ._base import GeneratorAdapter
 
 logger = logging.getLogger("speculators_compat")
@@ -135,7 +135,7 @@ def _cleanup(generator, counter_before: Any) -> None:
     """Remove every trace of a failed call; raise ``CompatError`` if anything is left."""
     scheduler = getattr(generator, "scheduler", None)
     if scheduler is not None:
-        abort_all = getattr(scheduler, _shared.ABORT_ALL, None)
+        abort_all = getattr(scheduler, _targets.ABORT_ALL, None)
         if abort_all is not None:  # scheduler_prefill_only would defer unprefilled ones
             abort_all()
         elif scheduler.requests:
@@ -220,7 +220,7 @@ class GenerateGuard(GeneratorAdapter):
         return Verdict.needed("validate input before requests are added; clean up on failure")
 
     def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:
-        _shared.refuse_generator(patcher, ctx, message)
+        _refusal.refuse_generator(patcher, ctx, message)
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         cls = gen.VllmHiddenStatesGenerator
@@ -240,7 +240,7 @@ class GenerateGuard(GeneratorAdapter):
             if reason is not None:
                 raise CompatError(reason)
             _refuse_if_dead(instance)
-            token_ids = _helpers.argument(args, kwargs, "token_ids", 0)
+            token_ids = _wrappers.argument(args, kwargs, "token_ids", 0)
             lengths = validate_batch(token_ids, vocab_size(instance))
             check_truncation(lengths, max_prompt_len(instance, decode_tokens), decode_tokens)
             if instance not in checked:

@@ -38,7 +38,7 @@ from .._adapter import Context, Verdict
 from .._errors import CompatError
 from .._model_support import check_generator_model
 from .._patcher import Patcher
-from . import _helpers, _probes, _shared, _targets
+from . import _probes, _refusal, _shared, _targets, _wrappers
 from ._base import GeneratorAdapter
 
 
@@ -80,10 +80,10 @@ class HookCapture(GeneratorAdapter):
         if not reasons:
             return Verdict.not_needed("speculators' own forward loop matches this vLLM")
         pin = ("; V1 model runner pinned for the generator"
-               if _shared.knows_v2_runner_switch() else "")
+               if _probes.knows_v2_runner_switch() else "")
         if v1_runner_removed():
             pin = "; Model Runner V1 is gone from this vLLM: rows follow V2's batches"
-            switch = _shared.V2_SWITCH
+            switch = _probes.V2_SWITCH
             if os.environ.get(switch, "1") != "1":
                 pin += (f" ({switch}={os.environ[switch]} cannot be honoured: this "
                         "vLLM runs V2 whatever it says; unset it)")
@@ -91,7 +91,7 @@ class HookCapture(GeneratorAdapter):
                               + pin)
 
     def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:
-        _shared.refuse_generator(patcher, ctx, message)
+        _refusal.refuse_generator(patcher, ctx, message)
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         ours = _shared.COMPAT_EXTENSIONS[_probes.worker_contract(ctx)]
@@ -108,11 +108,11 @@ class HookCapture(GeneratorAdapter):
 
         patcher.wrap(gen, "ParallelConfig", wrapper)
         patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__", _refuse_unsupported_models)
-        if _shared.knows_v2_runner_switch():
+        if _probes.knows_v2_runner_switch():
             # the generator (config + spawned workers) is built with the V1 model runner unless
             # the user chose (the worker then refuses V2 clearly)
             patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__",
-                         _helpers.with_env_default(_shared.V2_SWITCH, "0"))
+                         _wrappers.with_env_default(_probes.V2_SWITCH, "0"))
         ctx.memo(_shared.WORKER_EXTENSION_KEY, lambda: ours)  # generate_guard checks workers
 
 

@@ -20,9 +20,9 @@ from types import ModuleType
 
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
-from . import _helpers, _targets
+from . import _targets, _wrappers
 from ._base import GeneratorAdapter
-from ._engine import UTILS, block_sizes  # noqa: F401 - block_sizes: importable from here too
+from ._block_sizes import UTILS, block_sizes  # noqa: F401 - block_sizes: importable from here too
 
 FIELDS = ("kv_cache_layout", "hash_block_size", "cache_hit_alignment_tokens")
 
@@ -73,7 +73,7 @@ class KVCacheConfigFields(GeneratorAdapter):
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         def wrapper(wrapped, instance, args, kwargs):
             cfg = wrapped(*args, **kwargs)
-            vllm_config = _helpers.argument(args, kwargs, "vllm_config", 0)
+            vllm_config = _wrappers.argument(args, kwargs, "vllm_config", 0)
             fill_engine_fields(cfg, vllm_config)
             return cfg
 

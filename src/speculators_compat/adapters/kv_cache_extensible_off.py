@@ -22,7 +22,7 @@ from types import ModuleType
 
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
-from . import _helpers, _probes, _targets
+from . import _probes, _targets, _wrappers
 from ._base import GeneratorAdapter
 
 FIELD = "enable_extensible_kv_cache"
@@ -51,4 +51,4 @@ class KVCacheExtensibleOff(GeneratorAdapter):
                               "speculators never extends the KV cache it builds")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        patcher.wrap(gen, "CacheConfig", _helpers.default_kwarg(FIELD, False))
+        patcher.wrap(gen, "CacheConfig", _wrappers.default_kwarg(FIELD, False))

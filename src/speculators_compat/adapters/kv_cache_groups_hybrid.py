@@ -39,7 +39,7 @@ from types import ModuleType
 
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
-from . import _helpers, _probes, _targets
+from . import _probes, _targets, _wrappers
 from ._base import GeneratorAdapter
 
 #: Where vLLM keeps its KV-cache planning helpers (0.33 moved them to the second).
@@ -130,7 +130,7 @@ class KVCacheGroupsHybrid(GeneratorAdapter):
 
         @functools.wraps(base.__init__)  # adapters after this one probe its parameters
         def __init__(self, *args, **kwargs):
-            kv_cache_config = _helpers.argument(args, kwargs, "kv_cache_config", 1)
+            kv_cache_config = _wrappers.argument(args, kwargs, "kv_cache_config", 1)
             if scheduler_view is not None and kv_cache_config is not None and any(
                     type(g.kv_cache_spec).__name__ == "UniformTypeKVCacheSpecs"
                     for g in kv_cache_config.kv_cache_groups):
@@ -141,7 +141,7 @@ class KVCacheGroupsHybrid(GeneratorAdapter):
                     args = (*args[:1], view, *args[2:])
             base.__init__(self, *args, **kwargs)
 
-        patcher.setattr(gen, "Scheduler", _helpers.subclass(base, self.name,
+        patcher.setattr(gen, "Scheduler", _wrappers.subclass(base, self.name,
                                                             {"__init__": __init__}))
         patcher.setattr(gen, "unify_hybrid_kv_cache_specs", unify_hybrid_kv_cache_specs)
         patcher.setattr(gen, "_get_kv_cache_groups_uniform_spec",

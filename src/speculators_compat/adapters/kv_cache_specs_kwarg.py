@@ -17,7 +17,7 @@ from types import ModuleType
 
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
-from . import _helpers, _probes, _targets
+from . import _probes, _targets, _wrappers
 from ._base import GeneratorAdapter
 
 
@@ -44,4 +44,4 @@ class KVCacheSpecsKwarg(GeneratorAdapter):
         return Verdict.mismatch(f"unknown get_kv_cache_config_from_groups{tuple(params)}")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        patcher.wrap(gen, "get_kv_cache_config_from_groups", _helpers.drop_kwarg("kv_cache_specs"))
+        patcher.wrap(gen, "get_kv_cache_config_from_groups", _wrappers.drop_kwarg("kv_cache_specs"))

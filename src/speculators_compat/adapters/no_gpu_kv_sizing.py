@@ -33,7 +33,7 @@ import wrapt
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
 from .._report import Kind
-from . import _helpers, _probes, _targets
+from . import _probes, _targets, _wrappers
 from ._base import GeneratorAdapter
 
 GiB = 1 << 30
@@ -125,7 +125,7 @@ class NoGpuKVSizing(GeneratorAdapter):
             patcher.setattr(gen, "torch", _TorchWithoutDevice(gen.torch))
 
         def wrapper(wrapped, instance, args, kwargs):
-            vllm_config = _helpers.argument(args, kwargs, "vllm_config", 0)
+            vllm_config = _wrappers.argument(args, kwargs, "vllm_config", 0)
             if "available_memory" in kwargs:
                 kwargs["available_memory"] = cpu_kv_budget(vllm_config)
             return wrapped(*args, **kwargs)

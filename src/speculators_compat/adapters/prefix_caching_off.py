@@ -17,7 +17,7 @@ from types import ModuleType
 
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
-from . import _helpers, _probes, _targets
+from . import _probes, _targets, _wrappers
 from ._base import GeneratorAdapter
 
 
@@ -45,4 +45,4 @@ class PrefixCachingOff(GeneratorAdapter):
                               "prefix hits would skip rows and need a block hasher")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        patcher.wrap(gen, "CacheConfig", _helpers.default_kwarg("enable_prefix_caching", False))
+        patcher.wrap(gen, "CacheConfig", _wrappers.default_kwarg("enable_prefix_caching", False))

@@ -15,7 +15,7 @@ from types import ModuleType
 
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
-from . import _helpers, _probes, _targets
+from . import _probes, _targets, _wrappers
 from ._base import GeneratorAdapter
 
 
@@ -36,4 +36,4 @@ class RequestEosTokenId(GeneratorAdapter):
         return Verdict.needed("Request.__init__ no longer takes eos_token_id")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        patcher.wrap(gen, "Request", _helpers.drop_kwarg("eos_token_id"))
+        patcher.wrap(gen, "Request", _wrappers.drop_kwarg("eos_token_id"))

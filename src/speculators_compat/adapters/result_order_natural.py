@@ -26,7 +26,7 @@ from .._adapter import Context, Verdict
 from .._patcher import Patcher
 from .._report import Kind
 from .._speculators import request_index
-from . import _probes, _shared, _targets
+from . import _probes, _refusal, _targets
 from ._base import GeneratorAdapter
 
 
@@ -51,7 +51,7 @@ class ResultOrderNatural(GeneratorAdapter):
     fail_closed = True
 
     def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:
-        _shared.refuse_generator(patcher, ctx, message)
+        _refusal.refuse_generator(patcher, ctx, message)
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         src = _probes.source(gen)

@@ -18,9 +18,9 @@ from types import ModuleType
 
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
-from . import _helpers, _probes, _targets
+from . import _probes, _targets, _wrappers
 from ._base import GeneratorAdapter
-from ._engine import block_sizes
+from ._block_sizes import block_sizes
 
 
 class SchedulerBlockSize(GeneratorAdapter):
@@ -51,8 +51,8 @@ class SchedulerBlockSize(GeneratorAdapter):
         params = _probes.parameters(base) or {}
 
         def __init__(self, *args, **kwargs):
-            vllm_config = _helpers.argument(args, kwargs, "vllm_config", 0)
-            kv_cache_config = _helpers.argument(args, kwargs, "kv_cache_config", 1)
+            vllm_config = _wrappers.argument(args, kwargs, "vllm_config", 0)
+            kv_cache_config = _wrappers.argument(args, kwargs, "kv_cache_config", 1)
             if vllm_config is not None and kv_cache_config is not None and len(args) <= 3:
                 block_size, hash_block_size = block_sizes(kv_cache_config, vllm_config)
                 kwargs["block_size"] = block_size
@@ -60,5 +60,5 @@ class SchedulerBlockSize(GeneratorAdapter):
                     kwargs.setdefault("hash_block_size", hash_block_size)
             base.__init__(self, *args, **kwargs)
 
-        patcher.setattr(gen, "Scheduler", _helpers.subclass(base, self.name,
+        patcher.setattr(gen, "Scheduler", _wrappers.subclass(base, self.name,
                                                             {"__init__": __init__}))

@@ -17,7 +17,7 @@ from types import ModuleType
 
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
-from . import _helpers, _probes, _targets
+from . import _probes, _targets, _wrappers
 from ._base import GeneratorAdapter
 
 
@@ -44,4 +44,4 @@ class SchedulerConfigEncoderDecoder(GeneratorAdapter):
         return Verdict.needed("SchedulerConfig requires is_encoder_decoder")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        patcher.wrap(gen, "SchedulerConfig", _helpers.default_kwarg("is_encoder_decoder", False))
+        patcher.wrap(gen, "SchedulerConfig", _wrappers.default_kwarg("is_encoder_decoder", False))

@@ -36,7 +36,7 @@ from types import ModuleType
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
 from .._report import Kind
-from . import _helpers, _probes, _shared, _targets
+from . import _probes, _refusal, _targets, _wrappers
 from ._base import GeneratorAdapter
 
 
@@ -114,7 +114,7 @@ class SchedulerPrefillOnly(GeneratorAdapter):
     fail_closed = True
 
     def refuse(self, patcher: Patcher, ctx: Context, message: str) -> None:
-        _shared.refuse_generator(patcher, ctx, message)
+        _refusal.refuse_generator(patcher, ctx, message)
 
     def check(self, ctx: Context, gen: ModuleType) -> Verdict:
         sched, req = gen.Scheduler, gen.Request
@@ -167,7 +167,7 @@ class SchedulerPrefillOnly(GeneratorAdapter):
             self.__dict__.pop("_compat_deferred", None)
             base.finish_requests(self, list(self.requests), aborted)
 
-        patcher.setattr(gen, "Scheduler", _helpers.subclass(
+        patcher.setattr(gen, "Scheduler", _wrappers.subclass(
             base, self.name, {"schedule": schedule, "finish_requests": finish_requests,
-                              _shared.ABORT_ALL: abort_all}))
+                              _targets.ABORT_ALL: abort_all}))
 

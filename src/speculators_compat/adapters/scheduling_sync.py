@@ -16,7 +16,7 @@ from types import ModuleType
 
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
-from . import _helpers, _probes, _targets
+from . import _probes, _targets, _wrappers
 from ._base import GeneratorAdapter
 
 
@@ -38,4 +38,4 @@ class SchedulingSync(GeneratorAdapter):
                               "generator's own synchronous step loop")
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        patcher.wrap(gen, "SchedulerConfig", _helpers.default_kwarg("async_scheduling", False))
+        patcher.wrap(gen, "SchedulerConfig", _wrappers.default_kwarg("async_scheduling", False))

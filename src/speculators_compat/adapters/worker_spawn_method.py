@@ -22,7 +22,7 @@ from types import ModuleType
 from .._adapter import Context, Verdict
 from .._patcher import Patcher
 from .._report import Kind
-from . import _helpers, _probes, _targets
+from . import _probes, _targets, _wrappers
 from ._base import GeneratorAdapter
 
 VAR = "VLLM_WORKER_MULTIPROC_METHOD"
@@ -55,4 +55,4 @@ class WorkerSpawnMethod(GeneratorAdapter):
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__",
-                     _helpers.with_env_default(VAR, "spawn"))
+                     _wrappers.with_env_default(VAR, "spawn"))
