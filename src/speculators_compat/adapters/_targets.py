@@ -4,6 +4,7 @@ Adapters patch names inside speculators' generator module, because that module
 imported vLLM's symbols by name (``from vllm... import Scheduler``): rebinding
 them there changes what speculators sees and nothing that vLLM's own engine uses.
 Declared targets (``Adapter.targets``) are written ``"module.path:Qualified.name"``.
+Also here: the names adapters add there that another adapter calls (:data:`ABORT_ALL`).
 """
 
 from __future__ import annotations
