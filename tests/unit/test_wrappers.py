@@ -1,4 +1,4 @@
-"""Adapter helpers and speculators' shared names: each fact stated once, behaving as the
+"""The adapters' wrappers and speculators' shared names: each fact stated once, behaving as the
 hand-written code it replaced did."""
 
 from __future__ import annotations

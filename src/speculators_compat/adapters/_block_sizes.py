@@ -1,7 +1,8 @@
-"""What vLLM's engine core computes that speculators' generator, which bypasses it, needs.
+"""The KV-cache block sizes vLLM's engine core computes, which speculators' generator,
+bypassing the engine core, does not.
 
 Several adapters give speculators' objects the values vLLM's ``EngineCore`` would
-have computed; the computations they share live here (not in one of them).
+have computed; the block-size arithmetic they share lives here (not in one of them).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Helpers adapters build their changes from (so each states its change in one line).
+"""The wrappers and thin subclasses adapters state their changes with (one line each).
 
 ``default_kwarg`` / ``drop_kwarg``: wrappers for a callable the consumer calls with
 keyword arguments; ``argument``: read an argument however the caller passed it;
