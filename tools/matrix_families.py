@@ -59,7 +59,8 @@ def families(results: Path, digest: str | None) -> dict[str, Any]:
     for (arch, vllm, level, spec), (day, ok, why, meta, _name, standin) in sorted(
             newest.items()):
         entry = out.setdefault(arch, {}).setdefault(vllm, {}).setdefault(
-            level, {"passed": [], "failed": {}, "recorded": day, "current": True})
+            level, {"passed": [], "failed": {}, "recorded": day, "current": True,
+                    "older": []})
         if standin:
             entry["flashinfer_standin"] = True
         if ok:
@@ -67,7 +68,9 @@ def families(results: Path, digest: str | None) -> dict[str, Any]:
         else:
             entry["failed"][spec] = why
         entry["recorded"] = max(entry["recorded"], day)
-        entry["current"] = entry["current"] and bool(digest) and meta.get("shim_src") == digest
+        if not (digest and meta.get("shim_src") == digest):
+            entry["older"].append(spec)  # this release's newest record ran other code
+        entry["current"] = not entry["older"]
     return out
 
 
@@ -121,8 +124,13 @@ def render_page(results: Path, digest: str | None) -> str:
                 cells.append("–")
                 continue
             text = []
-            if e["passed"]:
-                text.append("pass " + ", ".join(e["passed"]))
+            older = set(e.get("older", ()))
+            today = [spec for spec in e["passed"] if spec not in older]
+            before = [spec for spec in e["passed"] if spec in older]
+            if today:
+                text.append("pass " + ", ".join(today))
+            if before:
+                text.append("pass " + ", ".join(before) + " (earlier adapter code)")
             for spec, why in e["failed"].items():
                 text.append(f"**fail** {spec}")
                 notes.append(f"- {arch}, {'GPU' if level == 'gpu' else 'CPU'} vLLM {vllm}, "
@@ -132,7 +140,8 @@ def render_page(results: Path, digest: str | None) -> str:
                              "FlashInfer's two Gemma-norm kernels replaced by a PyTorch "
                              "stand-in (`tests/e2e/scripts/standins`: the project's GPU kit "
                              "has no FlashInfer); the check is of the shim, not FlashInfer")
-            age = "" if e["current"] else " (earlier adapter code)"
+            stale_failures = [spec for spec in e["failed"] if spec in older]
+            age = f" (earlier adapter code: {', '.join(stale_failures)})" if stale_failures else ""
             cells.append("; ".join(text) + f" ({e['recorded']}){age}")
         lines.append(f"| `{arch}` | " + " | ".join(cells) + " |")
     lines += ["", "Failures, runs that could not start (with the recorded reason), and runs with "

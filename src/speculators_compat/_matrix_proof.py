@@ -68,13 +68,15 @@ def family_verdict(architectures: list[str], vllm: str | None,
     here = families()[arch].get(release or "") or {}
     for level in LEVELS:
         e = here.get(level)
-        if e and e.get("current") and spec in e.get("passed", ()):
+        if e and spec in e.get("passed", ()) and (
+                spec not in e["older"] if "older" in e else e.get("current")):
             out.update(proven=True, level=level, recorded=e.get("recorded"))
             out["text"] = (f"{arch}: proven by the architecture matrix on vLLM {release}, "
                            f"{LEVEL_TEXT[level]} (speculators {spec}; recorded "
                            f"{e.get('recorded')})")
             return out
-    seen = [f"vLLM {v} {LEVEL_TEXT[lv]}" + ("" if e.get("current") else ", earlier adapter code")
+    seen = [f"vLLM {v} {LEVEL_TEXT[lv]}" + ("" if e.get("current") or spec not in e.get(
+                "older", [spec]) else ", earlier adapter code")
             + (f": failed ({e['failed'][spec]})" if spec in e.get("failed", {}) else
                f": passed with speculators {', '.join(e.get('passed', ())) or 'none'}")
             for v, levels in families()[arch].items() for lv, e in levels.items()]

@@ -47,7 +47,8 @@ def test_newest_record_counts_and_currency_follows_the_digest(results):
     fams = matrix_families.families(results, "sha256:now")
     gemma = fams["Gemma4ForCausalLM"]
     assert gemma["0.34.0"]["gpu"] == {"passed": ["0.3.0", "0.4.0.1"], "failed": {},
-                                      "recorded": "2026-12-06", "current": True}
+                                      "recorded": "2026-12-06", "current": True,
+                                      "older": []}
     assert gemma["0.32.0"]["cpu-e2e"]["passed"] == ["0.4.0.1"]
     assert fams["Qwen3NextForCausalLM"]["0.34.0"]["gpu"]["current"] is False  # old digest
     assert fams["KimiLinearForCausalLM"]["0.34.0"]["gpu"]["failed"] == {
@@ -101,3 +102,20 @@ def test_doctor_names_a_refused_model(tmp_path):
         {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
     assert "refused" not in _model_family(str(tmp_path), {"vllm": "0.34.0",
                                                           "speculators": "0.4.0.1"})
+
+
+def test_currency_is_per_speculators_release(results, monkeypatch):
+    """A record that re-ran one release at today's code makes that release current; the
+    other release's older record stays counted as older (page and doctor)."""
+    _write(results, "families-gpu-h100-vllm-0.34.0-2026-12-07.json", "sha256:new",
+           [_run("Gemma4ForCausalLM", "0.4.0.1", True)])
+    fams = matrix_families.families(results, "sha256:new")
+    e = fams["Gemma4ForCausalLM"]["0.34.0"]["gpu"]
+    assert e["older"] == ["0.3.0"] and e["current"] is False
+    page = matrix_families.render_page(results, "sha256:new")
+    assert ("| `Gemma4ForCausalLM` | pass 0.4.0.1; pass 0.3.0 (earlier adapter code) "
+            "(2026-12-07) |") in page
+    monkeypatch.setattr(_matrix_proof, "families", lambda: fams)
+    assert _matrix_proof.family_verdict(["Gemma4ForCausalLM"], "0.34.0", "0.4.0.1")["proven"]
+    old = _matrix_proof.family_verdict(["Gemma4ForCausalLM"], "0.34.0", "0.3.0")
+    assert not old["proven"] and "earlier adapter code" in old["text"]

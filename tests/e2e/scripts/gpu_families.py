@@ -14,7 +14,12 @@ vLLM or the shim.
 Usage (device: ``bash tools/gpu_families.sh [PARTS...] -- ARGS``; CPU: the env's python)::
 
     gpu_families.py --ckpts DIR --out DIR --spec 0.4.0.1=PATH [--spec 0.3.0=PATH]
-        [--families gemma4,qwen3_next,...] [--parallel 6] [--gpu-mem 0.1]
+        [--families gemma4,qwen3_next,...] [--parallel 6] [--gpu-mem 0.1] [--deadline S]
+    gpu_families.py --collect --ckpts DIR --out RUNS_DIR --spec ... [--families ...]
+
+``--deadline`` stops runs still going after S seconds; ``families.json`` is rewritten as each
+run ends, so a call the device cuts short keeps what finished. ``--collect`` rebuilds the
+record from a runs folder brought back (``runs.tar.xz``) without running anything.
 
 ``DIR/<family>`` are checkpoints from ``speculators_compat.demo.checkpoints``; the layers
 and batches per family are in :data:`PLAN`. Writes ``families.json`` (rewritten after every
@@ -29,10 +34,11 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+START = time.time()
 ROOT = HERE.parents[2]
 STANDINS = HERE / "standins"
 
@@ -136,15 +142,27 @@ def run_one(family: str, release: str, spec_path: str, a) -> dict:
         env["PYTHONPATH"] = os.pathsep.join((str(STANDINS), env["PYTHONPATH"]))
         hide_cuda_toolkit(env)
     t0 = time.time()
+    timeout = a.run_timeout
+    if a.deadline:
+        timeout = max(1.0, min(timeout, a.deadline - (time.time() - START)))
     with open(log, "w") as f:
         try:
             rc = subprocess.call(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                 timeout=a.run_timeout)
+                                 timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    result = {"family": family, "release": release, "rc": rc,
-              "seconds": round(time.time() - t0, 1), "layers": layers,
-              **_architecture(Path(a.ckpts) / family)}
+    return summarize(family, release, rc, round(time.time() - t0, 1), Path(a.out),
+                     Path(a.ckpts), standin)
+
+
+def summarize(family: str, release: str, rc: object, seconds: float | None, out_dir: Path,
+              ckpts: Path, standin: bool) -> dict:
+    """The record of one run from its ``generate.py`` JSON and log (also ``--collect``)."""
+    layers = PLAN[family][0]
+    out = out_dir / f"{family}-{release}.json"
+    log = out_dir / f"{family}-{release}.log"
+    result = {"family": family, "release": release, "rc": rc, "seconds": seconds,
+              "layers": layers, **_architecture(ckpts / family)}
     if standin:
         result["flashinfer_standin"] = True
     try:
@@ -190,6 +208,37 @@ def _meta() -> dict:
     return meta
 
 
+def collect(a, report: dict, save, specs: dict, families: list[str]) -> int:
+    """``--collect``: the record of the finished runs in ``--out``; the others are listed
+    as ``unfinished`` (never counted as failures: they did not end). Versions come from
+    each run's activation report, the digest from ``--shim-src`` or this tree."""
+    out = Path(a.out)
+    report["unfinished"] = []
+    for release in specs:
+        for f in families:
+            if (out / f"{f}-{release}.json").is_file():
+                report["runs"].append(summarize(f, release, None, None, out, Path(a.ckpts),
+                                                _needs_flashinfer_standin(f)))
+            else:
+                report["unfinished"].append(f"{f}-{release}")
+    for name in sorted(out.glob("*.json")):
+        try:
+            versions = (json.loads(name.read_text()).get("report") or {}).get("versions")
+        except (OSError, ValueError):
+            continue
+        if versions:
+            report["meta"].update({k: versions.get(k) for k in ("vllm", "torch",
+                                                                "transformers")})
+            break
+    report.pop("started", None)
+    report["collected"] = True
+    save()
+    for r in report["runs"]:
+        print(r.get("family"), r.get("release"), "ok" if r.get("ok") else "FAIL")
+    print("unfinished:", ", ".join(report["unfinished"]) or "none")
+    return 0 if all(r.get("ok") for r in report["runs"]) else 1
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--ckpts", required=True)
@@ -204,6 +253,11 @@ def main() -> int:
                    help="passed to every generate.py run (see there)")
     p.add_argument("--floor-device", default="cuda")
     p.add_argument("--no-floor", action="store_true")
+    p.add_argument("--deadline", type=float, default=0,
+                   help="seconds for all runs: a run still going then is stopped ('timeout')")
+    p.add_argument("--collect", action="store_true",
+                   help="no runs: the record of the runs whose JSON is in --out (a call cut "
+                        "short by the device's limit), versions from their own reports")
     a = p.parse_args()
     Path(a.out).mkdir(parents=True, exist_ok=True)
     specs = dict(s.split("=", 1) for s in a.spec)
@@ -215,10 +269,12 @@ def main() -> int:
     def save() -> None:
         path.write_text(json.dumps(report, indent=1))
 
+    if a.collect:
+        return collect(a, report, save, specs, families)
     jobs = [(f, r, sp) for r, sp in specs.items() for f in families]
     with ThreadPoolExecutor(max_workers=a.parallel) as pool:
         futures = [pool.submit(run_one, f, r, sp, a) for f, r, sp in jobs]
-        for fut in futures:
+        for fut in as_completed(futures):  # saved as each run ends: a cut call keeps them
             try:
                 report["runs"].append(fut.result())
             except Exception as exc:  # noqa: BLE001 - one run's failure is a result
