@@ -627,10 +627,18 @@ def render_readme_tables(data: dict[str, Any], results: Path = GPU_RESULTS) -> s
             if not e:
                 cells.append("–")
                 continue
-            text = ("pass" if e["passed"] and not e["failed"] else
+            text = ("pass" + ("" if len(e["passed"]) > 1 else f" ({e['passed'][0]} only)")
+                    if e["passed"] and not e["failed"] else
                     "could not start" if all(str(w).startswith("could not start")
                                              for w in e["failed"].values()) else "**fail**")
-            cells.append(text + ("" if e.get("current") else " (earlier adapter code)"))
+            older = e.get("older")
+            if e.get("current"):
+                age = ""
+            elif older and len(older) < len(e["passed"]) + len(e["failed"]):
+                age = f" ({', '.join(older)}: earlier adapter code)"
+            else:
+                age = " (earlier adapter code)"
+            cells.append(text + age)
         lines.append(f"| `{arch}` | " + " | ".join(cells) + " |")
     return "\n".join([README_BEGIN, *lines, README_END])
 
