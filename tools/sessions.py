@@ -2,7 +2,7 @@
 
 Why: speculators' generator starts vLLM worker processes; when a run crashes or times out
 they must neither outlive it nor block the caller on a pipe. Output goes to a file.
-Shared by ``tools/matrix.py`` and the test helpers (``tests/helpers.py``).
+Shared by ``tools/matrix/matrix.py`` and the test helpers (``tests/helpers.py``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Why: "version-detected" adapters make the shim run on releases nobody tried; a u
 should see at once whether theirs was run end to end, only probed, or never, and which
 release was proven last. ``_proven.json`` beside this module is a copy of the matrix's
 results (docs/support-matrix.json and the GPU result files), written by the matrix
-renderer (``tools/matrix_render.py``); a unit test keeps it current. (The data file keeps
+renderer (``tools/matrix/matrix_render.py``); a unit test keeps it current. (The data file keeps
 the name it shipped with: the matrix tools, the package data entry and the records'
 stamps name it, and a rename would change nothing it says.) Only the standard
 library and ``packaging`` are imported: ``doctor`` and every report use this.

@@ -17,7 +17,7 @@ import pytest
 from speculators_compat import _matrix_proof
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "matrix"))
 import matrix_families  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_profile.py profiles what it is given: the driver's calls, and in each
+"""benchmarks/gpu/bench_profile.py profiles what it is given: the driver's calls, and in each
 "worker" what runs between ``worker_start`` and ``worker_stop`` on the worker's RPC
 thread; the rankings name the function that did the work. A toy worker (one thread that
 runs the RPCs and the steps, as vLLM's busy loop does in its process); no vLLM."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_profile_under_test",
-                                               ROOT / "benchmarks" / "bench_profile.py")
+                                               ROOT / "benchmarks" / "gpu" / "bench_profile.py")
 bench_profile = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_profile)
 

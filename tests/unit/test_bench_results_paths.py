@@ -1,4 +1,4 @@
-"""``bench.py`` writes ``benchmarks/results.json`` (committed) with the paths under the
+"""``bench.py`` writes ``benchmarks/cpu/results.json`` (committed) with the paths under the
 repository relative to it, so the file does not name the checkout it was made in; other
 strings, and paths outside the repository, are left as they are."""
 
@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "cpu"))
 
 import bench  # noqa: E402
 
@@ -36,6 +36,6 @@ def test_committed_results_name_no_checkout():
         elif isinstance(x, str):
             yield x
 
-    data = json.loads((ROOT / "benchmarks" / "results.json").read_text())
+    data = json.loads((ROOT / "benchmarks" / "cpu" / "results.json").read_text())
     absolute = [s for s in strings(data) if s.startswith("/") and "/.cache/bench/" in s]
     assert not absolute, absolute[:3]

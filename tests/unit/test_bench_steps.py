@@ -1,4 +1,4 @@
-"""benchmarks/bench.py counts a call's steps as ``execute_model`` plus the wait for the
+"""benchmarks/cpu/bench.py counts a call's steps as ``execute_model`` plus the wait for the
 steps sent ahead: with ``step_overlap`` ``execute_model`` returns at once and the step's
 time shows up as "steps in flight" before the states' RPC, so the capture on/off rows (d)
 would otherwise read 0 s. Toy breakdowns; no vLLM."""
@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-_spec = importlib.util.spec_from_file_location("bench_under_test", ROOT / "benchmarks" / "bench.py")
+sys.path.insert(0, str(ROOT / "benchmarks" / "cpu"))
+_spec = importlib.util.spec_from_file_location("bench_under_test",
+                                               ROOT / "benchmarks" / "cpu" / "bench.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 

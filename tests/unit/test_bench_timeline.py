@@ -1,4 +1,4 @@
-"""benchmarks/bench_timeline.py summarises a chrome trace per call: time before the first
+"""benchmarks/gpu/bench_timeline.py summarises a chrome trace per call: time before the first
 and after the last kernel, kernel time as the union over streams, idle time between
 kernels and its largest gaps, and device-to-host copies; a synthetic trace whose figures
 are known, and one where a wrong clock anchor shows in the figures. No GPU."""
@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_timeline_under_test",
-                                               ROOT / "benchmarks" / "bench_timeline.py")
+                                               ROOT / "benchmarks" / "gpu" / "bench_timeline.py")
 bench_timeline = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_timeline)
 

@@ -1,4 +1,4 @@
-"""The loops of benchmarks/gpu_bench_loops.py hold what their users hold: in ``dropped``
+"""The loops of benchmarks/gpu/gpu_bench_loops.py hold what their users hold: in ``dropped``
 no earlier call's results are alive during a call, in ``offline`` (speculators' offline
 script) the previous call's are, in ``held`` all of them; and their validity checks catch
 an extractor that reuses the memory of results its caller still holds (a known-wrong
@@ -16,7 +16,7 @@ pytest.importorskip("numpy")
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gpu_bench_loops_under_test",
-                                               ROOT / "benchmarks" / "gpu_bench_loops.py")
+                                               ROOT / "benchmarks" / "gpu" / "gpu_bench_loops.py")
 loops = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(loops)
 
@@ -151,7 +151,7 @@ def test_worker_counters_behind_vllms_worker_wrapper():
     import importlib.util
 
     gb_spec = importlib.util.spec_from_file_location("gpu_bench_under_test_stats",
-                                                     ROOT / "benchmarks" / "gpu_bench.py")
+                                                     ROOT / "benchmarks" / "gpu" / "gpu_bench.py")
     gb = importlib.util.module_from_spec(gb_spec)
     gb_spec.loader.exec_module(gb)
 
@@ -179,7 +179,8 @@ def _clocked_bench(tmp_path, monkeypatch, name: str):
     0.5 s: ``(module, clock, extractor class, tokens file)``."""
     import json
 
-    gb_spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "gpu_bench.py")
+    gb_spec = importlib.util.spec_from_file_location(
+        name, ROOT / "benchmarks" / "gpu" / "gpu_bench.py")
     gb = importlib.util.module_from_spec(gb_spec)
     gb_spec.loader.exec_module(gb)
 

@@ -1,8 +1,8 @@
-"""How benchmarks/gpu_bench_render.py decides the GPU benchmark's targets when files of
+"""How benchmarks/gpu/gpu_bench_render.py decides the GPU benchmark's targets when files of
 several calls and machines are merged: from ratios measured in the same run and round, not
 from medians pooled over machines; per loop; the rounds of one run within 3%; (b)'s peak
 RSS against (c)'s; files of different model depths are not merged. And how
-benchmarks/gpu_bench.py plans a call (``--model-layers``, the passes of a child, the
+benchmarks/gpu/gpu_bench.py plans a call (``--model-layers``, the passes of a child, the
 children). Toy result files; no vLLM, no GPU."""
 
 import argparse
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(f"{name}_under_test",
-                                                  ROOT / "benchmarks" / f"{name}.py")
+                                                  ROOT / "benchmarks" / "gpu" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -252,7 +252,7 @@ def test_pass_calls_give_every_batch_size_the_same_number_of_calls():
 
 
 def test_the_call_limit_lowers_the_deadline_and_never_raises_it():
-    """``--end-by`` (from tools/gpu_bench.sh: the device call's start plus its limit, less
+    """``--end-by`` (from tools/gpu/gpu_bench.sh: the device call's start plus its limit, less
     a margin) caps ``--deadline``: a call whose kit install took a minute gets a minute
     less, and a deadline already inside the limit stays."""
     now = 1_000_000.0

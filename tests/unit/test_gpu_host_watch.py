@@ -1,4 +1,4 @@
-"""``tools/gpu_host_watch.sh`` (started by the device preamble for every call): it logs the
+"""``tools/gpu/gpu_host_watch.sh`` (started by the device preamble for every call): it logs the
 host's memory and disk, kills the processes under the call's shell, not the shell itself
 and not itself, when memory runs below its floor, and ends with the shell."""
 
@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-WATCH = ROOT / "tools" / "gpu_host_watch.sh"
+WATCH = ROOT / "tools" / "gpu" / "gpu_host_watch.sh"
 
 
 def _call(tmp_path, mem_floor_mb: int, child_s: int):

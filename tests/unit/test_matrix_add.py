@@ -1,4 +1,4 @@
-"""``tools/matrix.py add VERSION`` writes the release's recipe into ``RECIPES`` (checked on
+"""``tools/matrix/matrix.py add VERSION`` writes the release's recipe into ``RECIPES`` (checked on
 a copy of tools/envs.py; the distribution is given, so no index is asked)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "matrix"))
 import envs  # noqa: E402
 import matrix_add  # noqa: E402
 

@@ -1,8 +1,8 @@
 """``doctor`` and the report say whether the support matrix proved the installed vLLM.
 
 The package ships a copy of the matrix's results (``_proven.json``, written by
-``tools/matrix.py render``): it must be current with docs/support-matrix.json and the GPU
-result files. What counts as proven (``tools/matrix_proven.py``) and what the package
+``tools/matrix/matrix.py render``): it must be current with docs/support-matrix.json and the GPU
+result files. What counts as proven (``tools/matrix/matrix_proven.py``) and what the package
 says about it (``speculators_compat._matrix_proof``) are checked on made-up results.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from speculators_compat import _matrix_proof
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "matrix"))
 import matrix_proven  # noqa: E402
 import matrix_render  # noqa: E402
 
@@ -27,7 +27,7 @@ SPECS = ("0.3.0", "0.4.0.1")
 def test_shipped_copy_is_current():
     data = json.loads((ROOT / "docs" / "support-matrix.json").read_text())
     assert Path(_matrix_proof.FILE).read_text() == matrix_render.render_proven(data), (
-        "src/speculators_compat/_proven.json is out of date: run python3 tools/matrix.py "
+        "src/speculators_compat/_proven.json is out of date: run python3 tools/matrix/matrix.py "
         "render")
 
 

@@ -1,4 +1,4 @@
-"""Rows of the real-shape model runs in the support matrix (``tools/matrix_render``): a
+"""Rows of the real-shape model runs in the support matrix (``tools/matrix/matrix_render``): a
 task the run's deadline stopped, or never started, reads as not finished / not run; a
 task that failed reads as a failure. Toy result files; no GPU."""
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "matrix"))
 
 import matrix_render  # noqa: E402
 

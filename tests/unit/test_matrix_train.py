@@ -1,5 +1,5 @@
 """The matrix's training chain runs once per transformers version of the e2e envs, in the
-newest release env that has it (``tools/matrix_train.py``); the page says which env's
+newest release env that has it (``tools/matrix/matrix_train.py``); the page says which env's
 result stands for the others, and a failed chain leaves the row unproven."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "matrix"))
 import matrix_proven  # noqa: E402
 import matrix_render  # noqa: E402
 import matrix_train  # noqa: E402

@@ -1,4 +1,4 @@
-"""benchmarks/offline_script_bench.py's pure parts: the data it writes, the generation
+"""benchmarks/gpu/offline_script_bench.py's pure parts: the data it writes, the generation
 loop's time read from speculators' own log lines (stamped by the parent as they arrive),
 and the steady rate from the files' write times. No vLLM, no speculators."""
 
@@ -6,8 +6,8 @@ import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("offline_script_bench_under_test",
-                                               ROOT / "benchmarks" / "offline_script_bench.py")
+_spec = importlib.util.spec_from_file_location(
+    "offline_script_bench_under_test", ROOT / "benchmarks" / "gpu" / "offline_script_bench.py")
 osb = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(osb)
 

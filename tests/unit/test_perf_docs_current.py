@@ -1,5 +1,5 @@
 """docs/performance.md's generated blocks and plots must match the recorded results they
-are rendered from: the CPU block from ``benchmarks/results.json`` (``bench.py --render``),
+are rendered from: the CPU block from ``benchmarks/cpu/results.json`` (``bench.py --render``),
 the GPU block and docs/performance-gpu-details.md from the files the block names
 (``gpu_bench.py render``). No vLLM needed."""
 
@@ -28,11 +28,11 @@ def _render(tmp_path: Path, cmd: list[str], plot: str) -> Path:
 
 
 def test_cpu_block_is_current(tmp_path):
-    out = _render(tmp_path, [str(ROOT / "benchmarks" / "bench.py"), "--render",
-                             str(ROOT / "benchmarks" / "results.json")], "perf.svg")
+    out = _render(tmp_path, [str(ROOT / "benchmarks" / "cpu" / "bench.py"), "--render",
+                             str(ROOT / "benchmarks" / "cpu" / "results.json")], "perf.svg")
     begin = "<!-- BEGIN GENERATED RESULTS"
     assert _block(out.read_text(), begin) == _block(DOC.read_text(), begin), (
-        "run: bench.py --render benchmarks/results.json --update-docs")
+        "run: bench.py --render benchmarks/cpu/results.json --update-docs")
     assert (tmp_path / "perf.svg").read_text() == (ROOT / "docs" / "perf.svg").read_text()
 
 
@@ -43,7 +43,7 @@ def test_gpu_block_is_current(tmp_path):
                             if line.startswith("Files: ")))
     assert files, "the GPU block names no files"
     details = tmp_path / "performance-gpu-details.md"
-    out = _render(tmp_path, [str(ROOT / "benchmarks" / "gpu_bench.py"), "render",
+    out = _render(tmp_path, [str(ROOT / "benchmarks" / "gpu" / "gpu_bench.py"), "render",
                              *[str(ROOT / f) for f in files], "--details", str(details)],
                   "perf-gpu.svg")
     fix = "run: gpu_bench.py render <the files the block names> --update-docs"

@@ -1,4 +1,4 @@
-"""tools/speculators_suites.py: junit parsing, hub classification, merging, the pinned-stack
+"""tools/matrix/speculators_suites.py: junit parsing, hub classification, merging, the pinned-stack
 verdict, and its section of the support matrix (no vLLM, no speculators needed)."""
 
 import json
@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "matrix"))
 import matrix_render  # noqa: E402
 import speculators_suites as suites  # noqa: E402
 

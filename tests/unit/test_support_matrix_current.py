@@ -1,7 +1,7 @@
 """docs/support-matrix.md is generated from docs/support-matrix.json; it must be current.
 
-No vLLM needed: rendering reads only the recorded results (``tools/matrix.py run``
-records them; ``tools/matrix.py render`` writes the page).
+No vLLM needed: rendering reads only the recorded results (``tools/matrix/matrix.py run``
+records them; ``tools/matrix/matrix.py render`` writes the page).
 """
 
 import json
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_support_matrix_doc_is_current():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "matrix.py"), "render",
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "matrix" / "matrix.py"), "render",
                            "--check"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
 

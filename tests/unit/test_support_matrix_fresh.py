@@ -1,4 +1,4 @@
-"""The support matrix's records describe today's adapter code (``tools/matrix_fresh.py``).
+"""The support matrix's records describe today's adapter code (``tools/matrix/matrix_fresh.py``).
 
 The first test is the check itself, on docs/support-matrix.json: it fails once an adapter
 (or a module adapters use) changed after the commit a record was made at, and names the
@@ -22,7 +22,7 @@ import pytest
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "matrix"))
 import matrix_fresh  # noqa: E402
 
 PKG = "src/speculators_compat"
@@ -50,7 +50,7 @@ def test_a_release_carries_results_of_its_adapter_code():
 def test_stale_records_are_not_counted():
     """Every release level the package counts (``current`` in ``_proven.json``) ran
     today's adapter code: its CPU records carry today's digest."""
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "matrix"))
     import matrix_proven
 
     digest = matrix_fresh.source_digest()
@@ -163,7 +163,7 @@ def test_current_until_adapter_code_changes(repo):
         assert len(verdict.stale) == 1 and first in verdict.stale[0], verdict.stale
         assert f"{PKG}/{rel}" in verdict.stale[0] and last[:7] in verdict.stale[0]
         assert matrix_fresh.check(results(last), repo).stale == []  # re-recorded
-        assert "tools/matrix.py run" in verdict.message()
+        assert "tools/matrix/matrix.py run" in verdict.message()
 
 
 def test_docstrings_and_comments_alone_keep_records_current(repo, tmp_path):

@@ -28,12 +28,12 @@ end recorded and the next run goes on; a run's files are removed once compared (
 Model: a random-weight Llama checkpoint built by
 :func:`speculators_compat.demo.checkpoints.build_fast_checkpoint` (``--shape``: ``1b``,
 Llama-3.2-1B's shape, the GPU default; ``8b``, Llama-3-8B's, in ``/root/gpu-bench/ckpt``
-where ``benchmarks/offline_script_bench.py`` builds and reuses it; ``tiny`` on CPU), with
+where ``benchmarks/gpu/offline_script_bench.py`` builds and reuses it; ``tiny`` on CPU), with
 the word-level tokenizer and ChatML template of the offline-script bench; data: that
 bench's seeded ShareGPT-style ``.jsonl`` (``offline_script_bench.conversations``). No
 network.
 
-Device (``tools/gpu_data_parallel.sh`` does it after the kit's preamble)::
+Device (``tools/gpu/gpu_data_parallel.sh`` does it after the kit's preamble)::
 
     python3 tests/e2e/scripts/gpu_data_parallel.py --device gpu --out $OUT \\
         --work /root/gpu-dp --site /root/site --spec 0.4.0.1=/root/spec-0.4.0.1
@@ -58,7 +58,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-BENCH = ROOT / "benchmarks"
+BENCH = ROOT / "benchmarks" / "gpu"
 sys.path.insert(0, str(BENCH))
 
 import gpu_bench  # noqa: E402  (its model shapes; imports no torch)

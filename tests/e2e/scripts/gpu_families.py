@@ -11,7 +11,7 @@ float32 forward, per layer. A random checkpoint whose bf16 forward already moves
 float32 cannot be compared at the default tolerance; the floor says so instead of blaming
 vLLM or the shim.
 
-Usage (device: ``bash tools/gpu_families.sh [PARTS...] -- ARGS``; CPU: the env's python)::
+Usage (device: ``bash tools/gpu/gpu_families.sh [PARTS...] -- ARGS``; CPU: the env's python)::
 
     gpu_families.py --ckpts DIR --out DIR --spec 0.4.0.1=PATH [--spec 0.3.0=PATH]
         [--families gemma4,qwen3_next,...] [--parallel 6] [--gpu-mem 0.1] [--deadline S]
@@ -189,7 +189,7 @@ def summarize(family: str, release: str, rc: object, seconds: float | None, out_
 
 
 def _meta() -> dict:
-    """Versions and the adapter-code digest the runs use (tools/matrix_fresh.py)."""
+    """Versions and the adapter-code digest the runs use (tools/matrix/matrix_fresh.py)."""
     import importlib.metadata as md
 
     meta = {}
@@ -198,7 +198,7 @@ def _meta() -> dict:
             meta[dist] = md.version(dist)
         except md.PackageNotFoundError:
             meta[dist] = None
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "matrix"))
     try:
         import matrix_fresh
 

@@ -143,12 +143,12 @@ def _write(out: Path, meta: dict, rows: list[dict]) -> None:
 
 
 def _shim_code() -> dict:
-    """The shim code this run tests, as the CPU matrix records it (``tools/matrix.py``'s
+    """The shim code this run tests, as the CPU matrix records it (``tools/matrix/matrix.py``'s
     ``shim_stamp``): ``shim`` (the commit, ``+dirty`` with uncommitted changes under src/;
     ``SPECULATORS_COMPAT_COMMIT`` where the copy has no git) and ``shim_src`` (the adapter
-    code's digest, which tells ``tools/matrix_proven.py`` whether the GPU level still
+    code's digest, which tells ``tools/matrix/matrix_proven.py`` whether the GPU level still
     describes today's adapter code)."""
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "matrix"))
     try:
         import matrix
 
@@ -156,7 +156,7 @@ def _shim_code() -> dict:
     except Exception as exc:  # noqa: BLE001 - the run itself does not depend on it
         out = {"shim_src_error": repr(exc)}
     finally:
-        sys.path.remove(str(ROOT / "tools"))
+        sys.path.remove(str(ROOT / "tools" / "matrix"))
     out["shim"] = out.get("shim") or os.environ.get("SPECULATORS_COMPAT_COMMIT")
     return out
 

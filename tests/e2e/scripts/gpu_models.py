@@ -21,7 +21,7 @@ Tasks, each in a fresh process (results kept in ``--work`` so a second call resu
 
 - ``build:<model>``: the checkpoint, built on the GPU (``real_shapes.build``);
 - ``native:<model>`` (models whose oracle names ``native``): vLLM's own
-  ``extract_hidden_states`` on the same vLLM and tokens (``benchmarks/gpu_bench.native_llm``;
+  ``extract_hidden_states`` on the same vLLM and tokens (``benchmarks/gpu/gpu_bench.native_llm``;
   speculators' layer k = auxiliary layer k + 1) with chunked prefill off, as vLLM's example
   runs it; saved;
 - ``native_matched:<model>``: the same native path scheduled like speculators' generator
@@ -67,7 +67,7 @@ Pass criteria (where the native files exist):
 ``<out>/gpu_models.json`` is rewritten after every task. TP=2 runs only where 2 GPUs exist;
 otherwise the JSON says "not run: no 2-GPU machine".
 
-Device: ``bash tools/gpu_models.sh .gpu-kit/parts/kit.part02`` (after the two stash calls).
+Device: ``bash tools/gpu/gpu_models.sh .gpu-kit/parts/kit.part02`` (after the two stash calls).
 CPU test (tiny dimensions; FP8 skipped: vLLM's CPU build has no block-FP8 kernels; a
 small ``--max-num-batched-tokens`` makes chunked prefill split prompts, so ``native`` and
 ``native_matched`` really differ in composition)::
@@ -85,7 +85,7 @@ and run in transformers (5.19 and 5.20.2).
 
 Device, the hybrid models only (see docs/gpu.md, "Real-shape models")::
 
-    bash tools/gpu_models.sh .gpu-kit/parts/kit.part02 -- \\
+    bash tools/gpu/gpu_models.sh .gpu-kit/parts/kit.part02 -- \\
         --models qwen3_5_moe,deepseek_v32,gemma4 --deadline 540 --min-start-left 120 \\
         --parallel 3 --parallel-builds 2 --gpu-mem 0.25
 """
@@ -104,7 +104,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
-BENCH = ROOT / "benchmarks"
+BENCH = ROOT / "benchmarks" / "gpu"
 STANDINS = HERE / "standins"
 ALL_MODELS = ("kimi_k25,deepseek_v3_fp8,deepseek_v3,qwen3_moe,gpt_oss,qwen3_5_moe,deepseek_v32,"
               "gemma4")

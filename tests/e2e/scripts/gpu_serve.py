@@ -231,7 +231,7 @@ def phase_native(a, work: Path, s: dict) -> dict:
     """vLLM's native extract_hidden_states of the same sequences: the draft's training
     data at ids ``layer + 1``; for the first sequences also vLLM's default ids (what it
     feeds a draft whose config names none), to compare with the shim's data."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
     import gpu_bench
     import torch
 
