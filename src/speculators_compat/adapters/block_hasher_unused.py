@@ -7,7 +7,7 @@ the request is made, in the driver, before the first step. The same generator bu
 its engine with ``enable_prefix_caching=False`` and no KV connector, so nothing reads
 those hashes; vLLM's own engine builds no hasher in that case (``EngineCore.__init__``:
 ``if cache_config.enable_prefix_caching or kv_connector is not None``). Measured with
-``benchmarks/request_hash_cost.py`` on this project's CPU machine (quiet): making the
+``benchmarks/cpu/request_hash_cost.py`` on this project's CPU machine (quiet): making the
 requests of a batch-32 call (768-1024 tokens each) took 4.4 ms (vLLM 0.32) and 7.1 ms
 (vLLM 0.16) with the hasher, 0.4 ms without; on the H200 machine (vLLM 0.26) 4.5 ms
 against 0.3 ms. Without this adapter, each batch-32 call of 0.4.0.1 on the H200 benchmark
