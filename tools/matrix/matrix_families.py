@@ -147,6 +147,13 @@ def render_page(results: Path, digest: str | None) -> str:
     lines += ["", "Failures, runs that could not start (with the recorded reason), and runs with "
               "a stand-in kernel:", ""]
     lines += sorted(set(notes)) or ["- none"]
+    lines += ["", "Refused when speculators' generator is built, before any worker starts or "
+              "weight loads (`speculators_compat/_model_support.py`; `doctor --model` names "
+              "them too): models with hyper-connections (`hc_mult` > 1: DeepSeek-V4, "
+              "DeepSeek-V4.1, HY-V4), whose layer output is several residual streams that "
+              "speculators 0.3/0.4's one tensor per layer cannot hold; Kimi-K3 configs with "
+              "attention-residual blocks (`attn_res_block_size`). Both point to vLLM's own "
+              "`extract_hidden_states` (speculators >= 0.5)."]
     lines += ["", "Raw records: "
               + ", ".join(f"[`{f.name}`](results/{f.name})"
                           for f in sorted(results.glob("families-*.json"))) + "."]
