@@ -271,7 +271,8 @@ def main() -> int:
 
     if a.collect:
         return collect(a, report, save, specs, families)
-    jobs = [(f, r, sp) for r, sp in specs.items() for f in families]
+    # family by family, both releases together: a call cut short leaves whole families
+    jobs = [(f, r, sp) for f in families for r, sp in specs.items()]
     with ThreadPoolExecutor(max_workers=a.parallel) as pool:
         futures = [pool.submit(run_one, f, r, sp, a) for f, r, sp in jobs]
         for fut in as_completed(futures):  # saved as each run ends: a cut call keeps them
