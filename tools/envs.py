@@ -383,7 +383,7 @@ CONTRACT_LEVEL_SKIPS = (
     "tests/contract/adapters/test_block_hasher_unused.py::"
     "test_scheduler_runs_requests_without_a_hasher",
     *(f"tests/contract/adapters/test_{name}.py::test_legacy_call_shape" for name in (
-        "cpu_block_size", "generate_guard", "kv_cache_config_fields",
+        "cpu_block_size", "generate_guard", "kv_cache_config_fields", "kv_cache_groups_hybrid",
         "kv_cache_layout_resolution", "kv_cache_specs_kwarg", "no_gpu_kv_sizing",
         "scheduler_block_size", "scheduler_prefill_only")),
 )
