@@ -373,6 +373,18 @@ _RECIPES["glm_moe_dsa"] = {
 #: (``Qwen2VLImageProcessor`` + ``Qwen3VLVideoProcessor``).  Gemma 4 (google/gemma-4-31B's
 #: layout): ``Gemma4ForConditionalGeneration`` with the Gemma 4 vision tower (patch 16, 3x3
 #: pooling, as published) and no audio tower (the 31B model has none), Gemma 4's processor.
+#: What the published image and video processor configs of each wrapper share.
+_QWEN_PIXELS: dict[str, Any] = {
+    "processor_class": "Qwen3VLProcessor", "do_resize": True, "do_rescale": True,
+    "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255,
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
+_GEMMA4_PIXELS: dict[str, Any] = {
+    "processor_class": "Gemma4Processor", "do_resize": True, "do_rescale": True,
+    "do_normalize": False, "do_convert_rgb": True, "rescale_factor": 1 / 255,
+    "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
+    "patch_size": 16, "pooling_kernel_size": 3}
+
 _WRAPPERS: dict[str, dict[str, Any]] = {
     "qwen3_5_mm": {
         "model_type": "qwen3_5",
@@ -390,18 +402,10 @@ _WRAPPERS: dict[str, dict[str, Any]] = {
         "processor": {
             "processor_config.json": {"processor_class": "Qwen3VLProcessor"},
             "preprocessor_config.json": {
-                "image_processor_type": "Qwen2VLImageProcessorFast",
-                "processor_class": "Qwen3VLProcessor", "do_resize": True, "do_rescale": True,
-                "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255,
-                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-                "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+                "image_processor_type": "Qwen2VLImageProcessorFast", **_QWEN_PIXELS,
                 "size": {"shortest_edge": 65536, "longest_edge": 16777216}},
             "video_preprocessor_config.json": {
-                "video_processor_type": "Qwen3VLVideoProcessor",
-                "processor_class": "Qwen3VLProcessor", "do_resize": True, "do_rescale": True,
-                "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255,
-                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-                "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "fps": 2,
+                "video_processor_type": "Qwen3VLVideoProcessor", **_QWEN_PIXELS, "fps": 2,
                 "min_frames": 4, "max_frames": 768, "do_sample_frames": True,
                 "size": {"shortest_edge": 4096, "longest_edge": 25165824}},
         },
@@ -429,17 +433,11 @@ _WRAPPERS: dict[str, dict[str, Any]] = {
             "processor_config.json": {"processor_class": "Gemma4Processor",
                                       "image_seq_length": 280},
             "preprocessor_config.json": {
-                "image_processor_type": "Gemma4ImageProcessor",
-                "processor_class": "Gemma4Processor", "do_resize": True, "do_rescale": True,
-                "do_normalize": False, "do_convert_rgb": True, "rescale_factor": 1 / 255,
-                "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
-                "patch_size": 16, "pooling_kernel_size": 3, "max_soft_tokens": 280},
+                "image_processor_type": "Gemma4ImageProcessor", **_GEMMA4_PIXELS,
+                "max_soft_tokens": 280},
             "video_preprocessor_config.json": {
-                "video_processor_type": "Gemma4VideoProcessor",
-                "processor_class": "Gemma4Processor", "do_resize": True, "do_rescale": True,
-                "do_normalize": False, "do_convert_rgb": True, "rescale_factor": 1 / 255,
-                "image_mean": [0.0, 0.0, 0.0], "image_std": [1.0, 1.0, 1.0],
-                "patch_size": 16, "pooling_kernel_size": 3, "max_soft_tokens": 70,
+                "video_processor_type": "Gemma4VideoProcessor", **_GEMMA4_PIXELS,
+                "max_soft_tokens": 70,
                 "num_frames": 32, "do_sample_frames": True},
         },
     },
