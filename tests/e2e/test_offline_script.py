@@ -317,4 +317,6 @@ def test_check_data_model_regenerates_through_vllm(offline_run):
     assert sorted(verdicts) == [0, last], verdicts
     assert not verdicts[0]["ok"] and "layer 0" in verdicts[0]["reasons"][0], verdicts[0]
     assert verdicts[last]["ok"], verdicts[last]
-    assert min(verdicts[last]["min_cosine_per_layer"]) >= 0.99, verdicts[last]
+    # the command's default bar is 0.99 (bf16 batch noise on GPUs); here, on the same CPU
+    # engine, a regeneration matches to the last bits (1.0 measured, 2026-12-06)
+    assert min(verdicts[last]["min_cosine_per_layer"]) >= 0.9999, verdicts[last]
