@@ -13,11 +13,13 @@ result contract instead. It answers the same RPCs, captures with forward hooks o
 decoder layers and attributes rows with the runner's real batch layout. Pipeline
 parallelism is refused here, before any worker starts, and so are the models the shim
 knows it cannot run (:mod:`speculators_compat._model_support`: sliding-window + full
-attention on a GPU build), before any weights load. The capture reads both the V1
-runner's ``input_batch`` and Model Runner V2's per-step batch; where the release has the
-switch, the generator's construction runs with ``VLLM_USE_V2_MODEL_RUNNER=0`` unless the
-user set it (V1 is the most tested path; ``=1`` is honoured), and the variable is
-restored afterwards (vLLM's own engines in the same process are unaffected). vLLM 0.34
+attention where vLLM's GPU build cannot group them, attention-residual blocks, the
+hyper-connection streams of DeepSeek-V4), before any weights load. The capture reads
+both the V1 runner's ``input_batch`` and Model Runner V2's per-step batch; where the
+release has the switch, the generator's construction runs with
+``VLLM_USE_V2_MODEL_RUNNER=0`` unless the user set it (V1 is the most tested path;
+``=1`` is honoured), and the variable is restored afterwards (vLLM's own engines in the
+same process are unaffected). vLLM 0.34
 removed Model Runner V1 (and with it the switch): there the V2 path is the only one, and
 the report says when a user's ``VLLM_USE_V2_MODEL_RUNNER=0`` cannot be honoured. Which
 extension a live generator's workers really run is asked from the workers themselves
