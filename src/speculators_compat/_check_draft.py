@@ -5,15 +5,16 @@ Why: vLLM never says. A draft config without ``eagle_aux_hidden_state_layer_ids`
 served with vLLM's default ids ``(2, n//2, n-3)``, the outputs of layers ``1, n//2-1,
 n-4``; a draft trained on speculators 0.3/0.4's default capture (layers ``2, n//2, n-3``)
 then runs one layer off with no error (:mod:`speculators_compat._draft_layers`). This
-reads the draft's ``config.json`` the way vLLM 0.34 does (the keys of
-``get_eagle3_aux_layers_from_config``, in its order; each id once, in layer order), the
+reads the draft's ``config.json`` the way the installed vLLM does (the keys of its
+``get_eagle3_aux_layers_from_config``, in its order, vLLM 0.34's where it is not found;
+each id once, in layer order), the
 target's layer count as vLLM counts it (a wrapper's ``text_config``, Nemotron-H's layer
 pattern) from the verifier the draft names (or ``--target``), and the data folder's layer
 metadata (``--data``), and says what vLLM will feed, including ids the target's vLLM
 model never captures. No torch, transformers or vLLM import: where
-vLLM is installed, its speculators-format loader is read as text to learn whether it
-passes the draft's layer ids on at all (vLLM 0.11's does not: it feeds every EAGLE-3
-draft its default layers).
+vLLM is installed, its speculators-format loader and its id reader are read as text to
+learn whether it passes the draft's layer ids on at all (vLLM 0.11's does not: it feeds
+every EAGLE-3 draft its default layers) and which keys it reads.
 
 Exit status: 0 when vLLM feeds the layers the data holds (or the config names layers
 and there is no data to compare with), 1 when it does not or cannot be confirmed (the
@@ -34,13 +35,14 @@ OK, MISMATCH, ERROR = 0, 1, 2
 
 #: vLLM's loader of speculators-format draft configs, below the package's folder.
 _LOADER = os.path.join("transformers_utils", "configs", "speculators", "algos.py")
+#: vLLM's reader of a draft's auxiliary ids (``get_eagle3_aux_layers_from_config``).
+_READER = os.path.join("v1", "worker", "gpu", "spec_decode", "eagle", "eagle3_utils.py")
 
 
-def vllm_reads_named_layers(vllm_dir: str | None = None) -> bool | None:
-    """Whether the installed vLLM's speculators-format loader passes a draft's
-    ``eagle_aux_hidden_state_layer_ids`` on (0.12+), ``False`` where it drops them (0.11),
-    ``None`` where vLLM or its loader is not found. Reads the loader's source without
-    importing vLLM (``find_spec`` of a top-level package only locates it)."""
+def _vllm_source(relative: str, vllm_dir: str | None = None) -> str | None:
+    """The text of a file of the installed vLLM package, read without importing vLLM
+    (``find_spec`` of a top-level package only locates it); ``None`` where vLLM or the
+    file is not found."""
     if vllm_dir is None:
         try:
             spec = importlib.util.find_spec("vllm")
@@ -51,10 +53,27 @@ def vllm_reads_named_layers(vllm_dir: str | None = None) -> bool | None:
             return None
         vllm_dir = locations[0]
     try:
-        with open(os.path.join(vllm_dir, _LOADER), encoding="utf-8") as f:
-            return dl.FIELD in f.read()
+        with open(os.path.join(vllm_dir, relative), encoding="utf-8") as f:
+            return f.read()
     except OSError:
         return None
+
+
+def vllm_reads_named_layers(vllm_dir: str | None = None) -> bool | None:
+    """Whether the installed vLLM's speculators-format loader passes a draft's
+    ``eagle_aux_hidden_state_layer_ids`` on (0.12+), ``False`` where it drops them (0.11),
+    ``None`` where vLLM or its loader is not found."""
+    source = _vllm_source(_LOADER, vllm_dir)
+    return None if source is None else dl.FIELD in source
+
+
+def vllm_id_reads(vllm_dir: str | None = None) -> frozenset[str]:
+    """Where the installed vLLM's reader looks for a draft's auxiliary ids after
+    :data:`~speculators_compat._draft_layers.FIELD` (:func:`~speculators_compat._draft_layers.
+    reads_of_source`: vLLM 0.24 reads fewer places than 0.34); vLLM 0.34's places where vLLM
+    or that reader is not found."""
+    source = _vllm_source(_READER, vllm_dir)
+    return dl.READS_0_34 if source is None else dl.reads_of_source(source)
 
 
 def _target_layers(config: dict[str, Any], target: str | None, data: dl.DataLayers | None
@@ -93,7 +112,7 @@ def check(draft: str, data: str | None = None, target: str | None = None) -> dic
         folder = data if os.path.isdir(data) else os.path.dirname(os.path.abspath(data))
         lookup = dl.for_dirs([folder])
     trained = lookup.layers if lookup is not None else None
-    found = dl.named_in(config)
+    found = dl.named_in(config, vllm_id_reads())
     named, named_from = found if found else (None, None)
     legacy = dl.legacy_named_layers(config)
     reads_named = vllm_reads_named_layers()

@@ -20,7 +20,9 @@ shim's capture) walk the layers and keep those whose id is in the set asked for,
 samples hold ``sorted(set(layer_ids))`` whatever order the ids were given in
 (:func:`captured`); vLLM keeps ``tuple(sorted(set(ids)))`` (``EagleModelMixin.
 _set_aux_hidden_state_layers``; DeepSeek's and Qwen3.5's own ``set_aux_hidden_state_layers``
-keep the tuple but collect by membership while walking the layers, the same result).
+keep the tuple but collect by membership while walking the layers, the same result;
+vLLM 0.24 / 0.28 store the tuple as given, repeats and all, and collect the same way in
+``_maybe_add_hidden_state``, so every release feeds the draft the same states).
 
 This module holds that mapping, the files the layers of a data directory are read from
 (speculators' own ``data_config.json``, and :data:`LAYERS_FILE`, which the shim writes
@@ -62,7 +64,9 @@ def captured(layer_ids: Iterable[int]) -> tuple[int, ...]:
 
 def fed(aux_ids: Iterable[int]) -> tuple[int, ...]:
     """The auxiliary ids vLLM captures for ``aux_ids``, in the order the draft receives
-    them: each once, ascending (``_set_aux_hidden_state_layers``: ``sorted(set(...))``)."""
+    them: each once, ascending (the model walks its layers and keeps a layer whose id is
+    among them, ``EagleModelMixin._maybe_add_hidden_state``; vLLM 0.32+ also stores
+    ``sorted(set(...))``)."""
     return tuple(sorted({int(k) for k in aux_ids}))
 
 
@@ -240,27 +244,56 @@ def _shifted(ids: Any) -> list[int]:
     return [int(k) + 1 for k in ids] if isinstance(ids, (list, tuple)) else []
 
 
-def named_in(config: dict[str, Any]) -> tuple[tuple[int, ...], str] | None:
+#: The places after :data:`FIELD` where a vLLM reads a draft's auxiliary ids, each named by
+#: a text its reader's source holds (:func:`reads_of_source`). vLLM 0.24 reads
+#: ``dflash_config.target_layer_ids`` only; 0.28 adds ``dspark_target_layer_ids`` (+ 1),
+#: ``target_layer_ids`` and the drafter sections' ``layer_ids``; 0.33 reads DSpark ids of a
+#: ``deepseek_v41`` draft as they are.
+READ_MARKERS: dict[str, str] = {
+    "dflash_target_layer_ids": 'dflash_config.get("target_layer_ids")',
+    "dspark_target_layer_ids": '"dspark_target_layer_ids"',
+    "dspark_deepseek_v41": '"deepseek_v41"',
+    "target_layer_ids": 'getattr(hf_config, "target_layer_ids"',
+    "drafter_layer_ids": '("dflash_config", "eagle_config")',
+}
+#: What vLLM 0.34 reads (the default of :func:`named_in`).
+READS_0_34 = frozenset(READ_MARKERS)
+
+
+def reads_of_source(source: str) -> frozenset[str]:
+    """The places of :data:`READ_MARKERS` a vLLM reader's source (``get_eagle3_aux_layers_
+    from_config``) reads, told by the texts it holds."""
+    return frozenset(name for name, text in READ_MARKERS.items() if text in source)
+
+
+def named_in(config: dict[str, Any], reads: frozenset[str] = READS_0_34
+             ) -> tuple[tuple[int, ...], str] | None:
     """The auxiliary ids a draft config names and the key they were read from, as vLLM
     0.34's ``get_eagle3_aux_layers_from_config`` (``v1/worker/gpu/spec_decode/eagle/
     eagle3_utils.py``) reads them from :func:`draft_hf_config`: the first non-empty of
     :data:`FIELD`; ``dflash_config.target_layer_ids`` + 1; ``dspark_target_layer_ids`` (+ 1,
     as they are for ``model_type`` deepseek_v41); ``target_layer_ids`` + 1;
-    ``dflash_config.layer_ids``; ``eagle_config.layer_ids``. ``eagle_config.`` :data:`FIELD`
-    is not among them (vLLM 0.32's V1 model runner read it: :func:`legacy_named_layers`)."""
+    ``dflash_config.layer_ids``; ``eagle_config.layer_ids``. ``reads`` (names of
+    :data:`READ_MARKERS`) leaves out the places an older vLLM does not read. ``eagle_config.``
+    :data:`FIELD` is not among them (vLLM 0.32's V1 model runner read it:
+    :func:`legacy_named_layers`)."""
     hf = draft_hf_config(config)
     steps: list[tuple[str, Any]] = [(FIELD, lambda: hf.get(FIELD))]
     dflash = hf.get("dflash_config")
-    if isinstance(dflash, dict):
+    if isinstance(dflash, dict) and "dflash_target_layer_ids" in reads:
         steps.append(("dflash_config.target_layer_ids (+ 1)",
                       lambda: _shifted(dflash.get("target_layer_ids") or [])))
     dspark = hf.get("dspark_target_layer_ids")
-    if hf.get("model_type") == "deepseek_v41":
+    if "dspark_target_layer_ids" not in reads:
+        pass
+    elif hf.get("model_type") == "deepseek_v41" and "dspark_deepseek_v41" in reads:
         steps.append(("dspark_target_layer_ids", lambda: dspark))
     else:
         steps.append(("dspark_target_layer_ids (+ 1)", lambda: _shifted(dspark or [])))
-    steps.append(("target_layer_ids (+ 1)", lambda: _shifted(hf.get("target_layer_ids") or [])))
-    for name in _DRAFTER_SECTIONS:
+    if "target_layer_ids" in reads:
+        steps.append(("target_layer_ids (+ 1)",
+                      lambda: _shifted(hf.get("target_layer_ids") or [])))
+    for name in _DRAFTER_SECTIONS if "drafter_layer_ids" in reads else ():
         section = hf.get(name)
         if isinstance(section, dict) and section:
             steps.append((f"{name}.layer_ids", lambda section=section: section.get("layer_ids")))
@@ -274,10 +307,11 @@ def named_in(config: dict[str, Any]) -> tuple[tuple[int, ...], str] | None:
     return None
 
 
-def named_layers(config: dict[str, Any]) -> tuple[int, ...] | None:
-    """The auxiliary ids a draft config names where vLLM 0.34 looks for them
+def named_layers(config: dict[str, Any], reads: frozenset[str] = READS_0_34
+                 ) -> tuple[int, ...] | None:
+    """The auxiliary ids a draft config names where vLLM looks for them
     (:func:`named_in`), in the config's order; vLLM feeds :func:`fed` of them."""
-    found = named_in(config)
+    found = named_in(config, reads)
     return found[0] if found else None
 
 

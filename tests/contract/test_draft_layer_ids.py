@@ -5,7 +5,11 @@ vLLM's and transformers' own code, on the same inputs.
   ``v1/worker/gpu`` model runner's; identical in vLLM 0.32 and 0.34) on the config its
   speculators-format loader builds (``SpeculatorsConfig.extract_transformers_pre_trained_config``)
   or on the checkpoint's own config.
-- Which order they arrive in: ``EagleModelMixin._set_aux_hidden_state_layers``.
+  Older releases read fewer keys; which ones is read from the reader's own source
+  (``_draft_layers.reads_of_source``), as ``check-draft`` does.
+- Which order they arrive in: ``EagleModelMixin._set_aux_hidden_state_layers`` then the
+  layer walk's ``_maybe_add_hidden_state`` (vLLM 0.24 / 0.28 store the ids as given and
+  collect by membership; 0.32+ store them sorted and de-duplicated).
 - How many layers vLLM's default counts: transformers' ``get_text_config()`` of the composite
   configs (Gemma 4, Qwen3.5 dense / MoE wrappers) and its ``NemotronHConfig``, built from
   the tiny checkpoint recipes' fields and from a config.json as transformers 5 saves it.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 import types
 
 import pytest
@@ -23,6 +28,7 @@ from speculators_compat import _draft_layers
 from speculators_compat._draft_layers import FIELD
 
 transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
 
 DRAFT_CONFIGS = [
     {FIELD: [3, 17, 30]},
@@ -64,10 +70,20 @@ def _spec_config(hf: dict):
         hf_config=types.SimpleNamespace(**hf)))
 
 
+def _reads(read) -> frozenset[str]:
+    return _draft_layers.reads_of_source(inspect.getsource(inspect.getmodule(read)))
+
+
 @pytest.mark.parametrize("config", DRAFT_CONFIGS)
 def test_named_ids_equal_vllms_reading(config):
     read = _vllm_reader()
-    assert _draft_layers.named_layers(config) == read(_spec_config(config))
+    assert _draft_layers.named_layers(config, _reads(read)) == read(_spec_config(config))
+
+
+def test_check_draft_probes_the_reader_it_is_given():
+    read = _vllm_reader()
+    from speculators_compat import _check_draft
+    assert _check_draft.vllm_id_reads() == _reads(read)
 
 
 @pytest.mark.parametrize("config", SPECULATORS_CONFIGS)
@@ -86,8 +102,12 @@ def test_fed_order_equals_vllms():
     if mixin is None:
         pytest.skip("this vLLM has no EagleModelMixin")
     holder = mixin.__new__(mixin)
-    holder._set_aux_hidden_state_layers((30, 3, 17, 17))
-    assert holder.aux_hidden_state_layers == _draft_layers.fed((30, 3, 17, 17)) == (3, 17, 30)
+    asked = (30, 3, 17, 17)
+    holder._set_aux_hidden_state_layers(asked)
+    collected: list = []
+    for idx in range(40):  # the model's layer walk; each "hidden state" is its layer id
+        collected = holder._maybe_add_hidden_state(collected, idx, torch.tensor(float(idx)), None)
+    assert tuple(int(t) for t in collected) == _draft_layers.fed(asked) == (3, 17, 30)
 
 
 def _config(model_type: str, **params):

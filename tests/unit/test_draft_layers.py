@@ -304,3 +304,22 @@ def test_check_draft_knows_a_vllm_that_drops_named_layers(tmp_path, monkeypatch)
     assert _check_draft.check(named)["status"] == "default"
     monkeypatch.setattr(_check_draft, "vllm_reads_named_layers", lambda: None)
     assert _check_draft.check(named, str(data))["status"] == "match"
+
+
+def test_check_draft_reads_only_the_keys_the_installed_reader_reads(tmp_path):
+    """vLLM 0.24's reader looks at the named field and ``dflash_config.target_layer_ids``
+    only; a DSpark config's ids mean nothing there, and ``deepseek_v41`` ids are shifted by
+    0.28 and taken as they are by 0.33+ (the reader's source says which)."""
+    reader = tmp_path / "vllm" / _check_draft._READER
+    reader.parent.mkdir(parents=True)
+    reader.write_text('layer_ids = getattr(hf_config, "eagle_aux_hidden_state_layer_ids")\n'
+                      'layer_ids = [i + 1 for i in dflash_config.get("target_layer_ids")]\n')
+    old = _check_draft.vllm_id_reads(str(tmp_path / "vllm"))
+    assert old == {"dflash_target_layer_ids"}
+    dspark = {"dspark_target_layer_ids": [2, 16], "model_type": "deepseek_v41"}
+    assert _draft_layers.named_layers(dspark, old) is None
+    assert _draft_layers.named_layers(dspark) == (2, 16)
+    reader.write_text(reader.read_text() + 'x = getattr(hf_config, "dspark_target_layer_ids")\n')
+    assert _draft_layers.named_layers(dspark, _check_draft.vllm_id_reads(
+        str(tmp_path / "vllm"))) == (3, 17)
+    assert _check_draft.vllm_id_reads(str(tmp_path / "elsewhere")) == _draft_layers.READS_0_34
