@@ -18,7 +18,7 @@ from speculators_compat._adapter import Context
 from speculators_compat._errors import CompatError
 from speculators_compat._patcher import Patcher
 from speculators_compat.adapters import generate_guard
-from speculators_compat.adapters._shared import WORKER_EXTENSION_KEY, running_extensions
+from speculators_compat.adapters._worker_extensions import WORKER_EXTENSION_KEY, running_extensions
 from speculators_compat.adapters.generate_guard import GenerateGuard, validate_batch
 
 OURS = worker_extension.EXTENSIONS["by_request"]

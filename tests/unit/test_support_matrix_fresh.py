@@ -71,7 +71,8 @@ def test_adapter_code_of_this_package():
     paths = set(matrix_fresh.adapter_paths())
     assert f"{PKG}/adapters/hook_capture.py" in paths
     assert f"{PKG}/_patcher.py" in paths  # imported by adapters
-    assert f"{PKG}/worker_extension.py" in paths  # named by a dotted path in adapters/_shared
+    # named by a dotted path in adapters/_worker_extensions
+    assert f"{PKG}/worker_extension.py" in paths
     assert f"{PKG}/_capture.py" in paths  # imported by worker_extension
     assert f"{PKG}/__main__.py" not in paths
     assert not any(p.startswith(f"{PKG}/demo/") for p in paths)

@@ -66,10 +66,10 @@ def test_the_extension_names_adapters_use_are_the_worker_extension_classes():
     import importlib
 
     from speculators_compat import worker_extension
-    from speculators_compat.adapters import _shared
+    from speculators_compat.adapters import _worker_extensions
 
-    assert _shared.COMPAT_EXTENSIONS == worker_extension.EXTENSIONS
-    for path in _shared.COMPAT_EXTENSIONS.values():
+    assert _worker_extensions.COMPAT_EXTENSIONS == worker_extension.EXTENSIONS
+    for path in _worker_extensions.COMPAT_EXTENSIONS.values():
         module, _, name = path.rpartition(".")
         assert getattr(importlib.import_module(module), name).CONTRACT in _speculators.CONTRACTS
 

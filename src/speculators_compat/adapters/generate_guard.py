@@ -47,7 +47,7 @@ from .._adapter import Context, Verdict
 from .._errors import CompatError
 from .._patcher import Patcher, _label, target_of
 from .._report import Kind
-from . import _batch, _liveness, _probes, _refusal, _shared, _targets, _wrappers
+from . import _batch, _liveness, _probes, _refusal, _targets, _worker_extensions, _wrappers
 from ._base import GeneratorAdapter
 
 logger = logging.getLogger("speculators_compat")
@@ -170,7 +170,7 @@ def _check_instance(generator, gen: ModuleType, expected_extension: str) -> None
     executor = getattr(generator, "executor", None)
     if executor is not None:
         try:
-            running = _shared.running_extensions(executor, RPC_TIMEOUT_S)
+            running = _worker_extensions.running_extensions(executor, RPC_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - refuse rather than guess
             found.append(f"its workers could not be asked which extension they run ({exc!r})")
         else:
@@ -224,7 +224,8 @@ class GenerateGuard(GeneratorAdapter):
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
         cls = gen.VllmHiddenStatesGenerator
-        expected = ctx.memo(_shared.WORKER_EXTENSION_KEY, lambda: _targets.WORKER_EXTENSION)
+        expected = ctx.memo(_worker_extensions.WORKER_EXTENSION_KEY,
+                            lambda: _targets.WORKER_EXTENSION)
         built: weakref.WeakSet = weakref.WeakSet()
         checked: weakref.WeakSet = weakref.WeakSet()
 

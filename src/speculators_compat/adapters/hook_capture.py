@@ -23,8 +23,8 @@ same process are unaffected). vLLM 0.34
 removed Model Runner V1 (and with it the switch): there the V2 path is the only one, and
 the report says when a user's ``VLLM_USE_V2_MODEL_RUNNER=0`` cannot be honoured. Which
 extension a live generator's workers really run is asked from the workers themselves
-(``_shared.running_extensions``): ``generate_guard`` refuses a generator whose workers run
-another one than the current activation names (one built before ``activate()``).
+(``_worker_extensions.running_extensions``): ``generate_guard`` refuses a generator whose
+workers run another one than the current activation names (one built before ``activate()``).
 Applies when: the installed vLLM has any of the changes above.
 Fails closed: when its probe finds an unknown shape or raises, building the generator
 and ``generate()`` raise ``CompatError`` (opt out: ``SPECULATORS_COMPAT_DISABLE=hook_capture``).
@@ -40,7 +40,7 @@ from .._adapter import Context, Verdict
 from .._errors import CompatError
 from .._model_support import check_generator_model
 from .._patcher import Patcher
-from . import _probes, _refusal, _shared, _targets, _wrappers
+from . import _probes, _refusal, _targets, _worker_extensions, _wrappers
 from ._base import GeneratorAdapter
 
 
@@ -96,7 +96,7 @@ class HookCapture(GeneratorAdapter):
         _refusal.refuse_generator(patcher, ctx, message)
 
     def patch(self, patcher: Patcher, ctx: Context, gen: ModuleType) -> None:
-        ours = _shared.COMPAT_EXTENSIONS[_probes.worker_contract(ctx)]
+        ours = _worker_extensions.COMPAT_EXTENSIONS[_probes.worker_contract(ctx)]
 
         def wrapper(wrapped, instance, args, kwargs):
             if kwargs.get("worker_extension_cls") == _targets.WORKER_EXTENSION:
@@ -115,7 +115,8 @@ class HookCapture(GeneratorAdapter):
             # the user chose (the worker then refuses V2 clearly)
             patcher.wrap(gen.VllmHiddenStatesGenerator, "__init__",
                          _wrappers.with_env_default(_probes.V2_SWITCH, "0"))
-        ctx.memo(_shared.WORKER_EXTENSION_KEY, lambda: ours)  # generate_guard checks workers
+        # generate_guard checks the workers run it
+        ctx.memo(_worker_extensions.WORKER_EXTENSION_KEY, lambda: ours)
 
 
 def _refuse_unsupported_models(wrapped, instance, args, kwargs):

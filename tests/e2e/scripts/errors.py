@@ -97,7 +97,7 @@ if __name__ == "__main__":
     section(out, "after_errors", after_errors)
 
     def workers_asked():
-        from speculators_compat.adapters._shared import running_extensions
+        from speculators_compat.adapters._worker_extensions import running_extensions
 
         return {"workers_run": running_extensions(gen.executor),
                 "worker_extension_cls": gen.vllm_config.parallel_config.worker_extension_cls}

@@ -7,9 +7,6 @@ run (:func:`running_extensions`) and refuses a mismatch. Adapters never import e
 other, so what one produces and another reads lives in a module of its own like this
 one; which adapter must have applied for another one to act is declared on the adapter
 (``Adapter.requires``) and decided by the activation.
-
-(Still named ``_shared``: ``tests/e2e/scripts/errors.py`` imports
-:func:`running_extensions` from here.)
 """
 
 from __future__ import annotations
