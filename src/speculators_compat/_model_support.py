@@ -11,6 +11,12 @@ Known today:
   decoder layers then return ``(hidden_states, prefix_sum, residual)`` with a per-block
   residual; a layer's output is not their sum, and the capture cannot read it (read from
   vLLM 0.34's ``vllm/models/kimi_k3``; ``_capture.layer_output`` refuses it at run time too).
+- **Layers not called as modules** (MiniMax-M3 sparse, ``MiniMaxM3SparseForCausalLM`` and its
+  ``...ForConditionalGeneration`` wrapper): vLLM 0.34's ``MiniMaxM3Model.forward`` calls each
+  layer's ``forward_input_norm`` and ``forward_after_input_norm`` instead of the layer itself
+  (``vllm/models/minimax_m3/nvidia/model.py`` and ``amd/model.py``), so the forward hook the
+  capture puts on each decoder layer never fires and the generator would fail after loading
+  with no hidden states at all.
 - **Hyper-connections** (DeepSeek-V4, DeepSeek-V4.1, HY-V4: ``hc_mult`` > 1 residual
   streams): vLLM 0.34's decoder layers return ``(x, residual, post_mix, res_mix)``; a
   layer's output is ``hc_mult`` streams, which transformers' ``output_hidden_states``
@@ -42,6 +48,9 @@ from typing import Any
 from ._errors import CompatError
 
 SLIDING = "sliding_attention"
+#: Architectures whose decoder layers vLLM never calls as modules (see the module docstring).
+UNCALLED_LAYERS = frozenset({"MiniMaxM3SparseForCausalLM",
+                             "MiniMaxM3SparseForConditionalGeneration"})
 
 
 def _text_config(config: Any) -> Any:
@@ -104,6 +113,15 @@ def refusal(config: Any, *, gpu: bool, drops_block_stride: bool) -> str | None:
                 "capture cannot read it. Not supported by the shim: extract this model's "
                 "hidden states with vLLM's own extract_hidden_states (what speculators >= 0.5 "
                 "uses).")
+    archs = set(getattr(config, "architectures", None) or []) | set(
+        getattr(_text_config(config), "architectures", None) or [])
+    if archs & UNCALLED_LAYERS:
+        return (f"speculators-compat: {', '.join(sorted(archs & UNCALLED_LAYERS))}: vLLM's "
+                "model runs each decoder layer through its forward_input_norm and "
+                "forward_after_input_norm methods, never the layer module itself, so the "
+                "hidden-state capture (a hook on each layer) would see no layer output. Not "
+                "supported by the shim: extract this model's hidden states with vLLM's own "
+                "extract_hidden_states (what speculators >= 0.5 uses).")
     if getattr(_text_config(config), "attn_res_block_size", None) is not None:
         arch = ",".join(getattr(config, "architectures", None) or []) or "this model"
         return (f"speculators-compat: {arch} uses attention-residual blocks "
@@ -140,13 +158,32 @@ def refusal_of_config_file(config: dict[str, Any]) -> str | None:
                    drops_block_stride=mixed and unify_drops_block_stride())
 
 
+def _local_config_json(model_path: str) -> dict[str, Any] | None:
+    """A local model directory's ``config.json`` as JSON; ``None`` when there is none."""
+    import json
+    import os
+
+    try:
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError, TypeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def check_generator_model(model_path: str) -> None:
-    """Raise ``CompatError`` before the generator loads anything it cannot run."""
+    """Raise ``CompatError`` before the generator loads anything it cannot run. A config
+    transformers cannot build (a ``model_type`` only vLLM registers, such as Kimi-K3's, in a
+    checkpoint without remote code) is read from the local ``config.json`` as JSON."""
     from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
     except Exception:  # noqa: BLE001 - speculators itself reports an unreadable config
+        raw = _local_config_json(model_path)
+        why = refusal_of_config_file(raw) if raw is not None else None
+        if why:
+            raise CompatError(why) from None
         return
     mixed = mixed_attention_kinds(config) is not None  # the probes only where they matter
     why = refusal(config, gpu=mixed and gpu_platform(),

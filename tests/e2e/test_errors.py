@@ -3,6 +3,7 @@ releases the shim cannot serve are refused at activate()."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -161,4 +162,24 @@ def test_hyper_connection_model_is_refused_before_anything_loads(tmp_path):
     r = run_script("refused_model.py", "--model", str(tmp_path))
     assert r["raised"] == "CompatError", r
     assert "4 residual streams" in r["message"] and "extract_hidden_states" in r["message"]
+    assert r["children"] == 0 and r["seconds"] < 5, r
+
+
+@pytest.mark.parametrize("config, says", [
+    ({"model_type": "kimi_k3", "architectures": ["KimiK3ForConditionalGeneration"],
+      "text_config": {"model_type": "kimi_k3_text", "num_hidden_layers": 2,
+                      "attn_res_block_size": 8}}, "attn_res_block_size"),
+    ({"model_type": "minimax_m3_sparse", "architectures": ["MiniMaxM3SparseForCausalLM"],
+      "num_hidden_layers": 2}, "forward_after_input_norm"),
+], ids=["kimi_k3_attention_residuals", "minimax_m3_sparse"])
+def test_model_the_capture_cannot_read_is_refused_before_anything_loads(tmp_path, config, says):
+    """Config-only directories of models whose layers' output the capture cannot read (a
+    ``model_type`` transformers does not know, as in a checkpoint without remote code):
+    speculators' unchanged generator is refused at construction, naming the cause and
+    vLLM's extract_hidden_states, before any worker starts."""
+    require_speculators()
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    r = run_script("refused_model.py", "--model", str(tmp_path))
+    assert r["raised"] == "CompatError", r
+    assert says in r["message"] and "extract_hidden_states" in r["message"]
     assert r["children"] == 0 and r["seconds"] < 5, r

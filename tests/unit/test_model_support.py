@@ -98,3 +98,33 @@ def test_hyper_connections_are_refused_before_loading():
     assert ms.refusal(wrapped, gpu=True, drops_block_stride=False)
     one = SimpleNamespace(architectures=["X"], hc_mult=1)
     assert ms.refusal(one, gpu=True, drops_block_stride=True) is None
+
+
+def test_minimax_m3_sparse_is_refused_before_loading():
+    """vLLM runs MiniMax-M3's decoder layers through two methods, never the layer module, so a
+    hook on the layer sees nothing: refused on every platform, the wrapper too."""
+    for cfg in (SimpleNamespace(architectures=["MiniMaxM3SparseForCausalLM"]),
+                SimpleNamespace(architectures=["MiniMaxM3SparseForConditionalGeneration"],
+                                text_config=SimpleNamespace(architectures=None))):
+        for gpu in (True, False):
+            why = ms.refusal(cfg, gpu=gpu, drops_block_stride=False)
+            assert why and "forward_after_input_norm" in why and "extract_hidden_states" in why
+    assert ms.refusal(SimpleNamespace(architectures=["MiniMaxM2ForCausalLM"]),
+                      gpu=True, drops_block_stride=True) is None
+
+
+def test_a_config_transformers_cannot_build_is_read_as_json(tmp_path):
+    """A Kimi-K3 checkpoint without remote code: transformers does not know ``kimi_k3`` (only
+    vLLM registers it), so the refusal reads ``config.json`` itself; an unreadable or
+    unrefused config still leaves the error to speculators."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "kimi_k3_unknown_to_transformers",
+        "architectures": ["KimiK3ForConditionalGeneration"],
+        "text_config": {"model_type": "kimi_k3_text", "attn_res_block_size": 8}}))
+    with pytest.raises(CompatError, match="attn_res_block_size"):
+        ms.check_generator_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "nothing_known"}))
+    ms.check_generator_model(str(tmp_path))  # not refused: speculators reports it
+    ms.check_generator_model(str(tmp_path / "missing"))

@@ -151,9 +151,13 @@ def render_page(results: Path, digest: str | None) -> str:
               "weight loads (`speculators_compat/_model_support.py`; `doctor --model` names "
               "them too): models with hyper-connections (`hc_mult` > 1: DeepSeek-V4, "
               "DeepSeek-V4.1, HY-V4), whose layer output is several residual streams that "
-              "speculators 0.3/0.4's one tensor per layer cannot hold; Kimi-K3 configs with "
-              "attention-residual blocks (`attn_res_block_size`). Both point to vLLM's own "
-              "`extract_hidden_states` (speculators >= 0.5)."]
+              "speculators 0.3/0.4's one tensor per layer cannot hold; Kimi-K3 / K3.1 configs "
+              "with attention-residual blocks (`attn_res_block_size`: a layer returns a "
+              "per-block residual bank, not one stream); MiniMax-M3 sparse "
+              "(`MiniMaxM3Sparse...`: vLLM runs each layer through two methods, never the "
+              "layer module, so a hook on the layer sees nothing). All point to vLLM's own "
+              "`extract_hidden_states` (speculators >= 0.5). A config transformers cannot "
+              "build (a `model_type` only vLLM registers) is read as JSON for this."]
     lines += ["", "Raw records: "
               + ", ".join(f"[`{f.name}`](results/{f.name})"
                           for f in sorted(results.glob("families-*.json"))) + "."]
