@@ -165,21 +165,32 @@ def test_hyper_connection_model_is_refused_before_anything_loads(tmp_path):
     assert r["children"] == 0 and r["seconds"] < 5, r
 
 
-@pytest.mark.parametrize("config, says", [
-    ({"model_type": "kimi_k3", "architectures": ["KimiK3ForConditionalGeneration"],
-      "text_config": {"model_type": "kimi_k3_text", "num_hidden_layers": 2,
-                      "attn_res_block_size": 8}}, "attn_res_block_size"),
-    ({"model_type": "minimax_m3_sparse", "architectures": ["MiniMaxM3SparseForCausalLM"],
-      "num_hidden_layers": 2}, "forward_after_input_norm"),
-], ids=["kimi_k3_attention_residuals", "minimax_m3_sparse"])
-def test_model_the_capture_cannot_read_is_refused_before_anything_loads(tmp_path, config, says):
-    """Config-only directories of models whose layers' output the capture cannot read (a
-    ``model_type`` transformers does not know, as in a checkpoint without remote code):
+#: Config-only models whose layers' output the capture cannot read, with what the refusal
+#: must name. Their ``model_type`` is one transformers does not know (as in a checkpoint
+#: without remote code), so the refusal reads ``config.json`` as JSON.
+UNREADABLE_LAYERS = {
+    "kimi_k3_attention_residuals": (
+        {"model_type": "kimi_k3", "architectures": ["KimiK3ForConditionalGeneration"],
+         "text_config": {"model_type": "kimi_k3_text", "num_hidden_layers": 2,
+                         "attn_res_block_size": 8}}, "attn_res_block_size"),
+    "minimax_m3_sparse": (
+        {"model_type": "minimax_m3_sparse", "architectures": ["MiniMaxM3SparseForCausalLM"],
+         "num_hidden_layers": 2}, "forward_after_input_norm"),
+}
+
+
+def test_models_the_capture_cannot_read_are_refused_before_anything_loads(tmp_path):
+    """Kimi-K3 with attention-residual blocks and MiniMax-M3 sparse, config-only:
     speculators' unchanged generator is refused at construction, naming the cause and
-    vLLM's extract_hidden_states, before any worker starts."""
+    vLLM's extract_hidden_states, before any worker starts (one interpreter for both)."""
     require_speculators()
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    r = run_script("refused_model.py", "--model", str(tmp_path))
-    assert r["raised"] == "CompatError", r
-    assert says in r["message"] and "extract_hidden_states" in r["message"]
-    assert r["children"] == 0 and r["seconds"] < 5, r
+    args = []
+    for name, (config, _) in UNREADABLE_LAYERS.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        args += ["--model", str(tmp_path / name)]
+    records = run_script("refused_model.py", *args)["models"]
+    for (name, (_, says)), r in zip(UNREADABLE_LAYERS.items(), records, strict=True):
+        assert r["raised"] == "CompatError", (name, r)
+        assert says in r["message"] and "extract_hidden_states" in r["message"], (name, r)
+        assert r["children"] == 0 and r["seconds"] < 5, (name, r)
