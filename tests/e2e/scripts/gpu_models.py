@@ -489,10 +489,21 @@ def child_gen(p: dict) -> dict:
     res: dict = {"layers": layers, "batches": []}
     res["report"] = {a["name"]: a["status"] for a in
                      speculators_compat.activate().as_dict().get("adapters", [])}
+    import speculators.data_generation.vllm_hidden_states_generator as gen_module
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
     )
 
+    if p.get("additional_config"):
+        # speculators builds its VllmConfig itself: hand it the option through its module's
+        # name (as tests/e2e/scripts/generate.py does)
+        vllm_config_cls = gen_module.VllmConfig
+
+        def vllm_config_with_extra(*args, **kw):
+            kw.setdefault("additional_config", p["additional_config"])
+            return vllm_config_cls(*args, **kw)
+
+        gen_module.VllmConfig = vllm_config_with_extra
     t = time.time()
     kw = {"gpu_memory_utilization": p["gpu_mem"]}
     if p["tp"] != 1:
@@ -721,6 +732,7 @@ def main(a) -> int:
             "matched_tolerances": a.matched_tol or (MATCHED_EXACT if a.tiny
                                                     else MATCHED_DEFAULTS),
             "max_num_batched_tokens": a.max_num_batched_tokens,
+            "additional_config": a.vllm_additional_config,
             "native_kv_gib": a.native_kv_gib, "python": sys.version.split()[0],
             "env": {k: os.environ.get(k, "skip" if k == "VLLM_DEEP_GEMM_WARMUP" else None)
                     for k in ("VLLM_DEEP_GEMM_WARMUP", "VLLM_USE_DEEP_GEMM")}}
@@ -879,6 +891,7 @@ def _start(a, t: dict, results: dict, work: Path, n_gpus: int, rr: int) -> subpr
          "max_len": a.max_len, "max_model_len": a.max_model_len, "gpu_mem": a.gpu_mem,
          "native_gpu_mem": a.native_gpu_mem, "tp": t.get("tp", 1), "build": build,
          "twin_tol": a.twin_tol, "max_num_batched_tokens": a.max_num_batched_tokens,
+         "additional_config": a.vllm_additional_config,
          "matched_tol": a.matched_tol or (MATCHED_EXACT if a.tiny else MATCHED_DEFAULTS),
          "native_kv_bytes": int(a.native_kv_gib * 2**30) if a.native_kv_gib else None}
     if t["model"] == "deepseek_v3_fp8" and t["kind"] == "gen":
@@ -960,6 +973,10 @@ def parse(argv=None):
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="the generator's and native_matched's step budget (default: "
                         "speculators' own, max(8192, max_model_len)); speculators >= 0.4")
+    p.add_argument("--vllm-additional-config", type=json.loads, default=None,
+                   help="JSON for the generator's VllmConfig(additional_config=...), e.g. "
+                        "'{\"gdn_prefill_backend\": \"triton\"}' where the installed "
+                        "FlashInfer has no gdn_prefill (Qwen3.5 on Hopper)")
     p.add_argument("--native-kv-gib", type=float, default=0,
                    help="CUDA: fixed KV cache size of the native engines "
                         "(kv_cache_memory_bytes) instead of profiling; 0: off")
