@@ -84,6 +84,46 @@ def heading(col: tuple[str, str]) -> str:
     return f"{'GPU' if col[1] == 'gpu' else 'CPU'}, vLLM {col[0]}"
 
 
+REAL_SHAPES = re.compile(r"^gpu-models-([a-z0-9]+)-vllm-([0-9][^-]*)-(\d{4}-\d\d-\d\d)")
+#: The real-shape models (``tests/e2e/scripts/real_shapes.py``) of this page's families;
+#: the others (Kimi-K2.5, DeepSeek-V3, Qwen3-MoE, GPT-OSS) are rendered with the GPU runs
+#: of the support matrix.
+FAMILY_REAL_SHAPES = ("qwen3_5_moe", "deepseek_v32", "gemma4")
+
+
+def real_shapes(results: Path) -> list[str]:
+    """One line per (real-shape model, speculators release): its newest generator run of
+    ``docs/results/gpu-models-*.json`` (``tests/e2e/scripts/gpu_models.py``: published
+    widths, fewer layers), with the lowest cosine of its checks or its error."""
+    newest: dict[tuple[str, str], tuple[tuple[str, str], str]] = {}
+    for f in results.glob("gpu-models-*.json"):
+        m = REAL_SHAPES.match(f.name)
+        if not m:
+            continue
+        card, vllm, day = m.groups()
+        data = json.loads(f.read_text())
+        for run in data.get("runs") or []:
+            if (run.get("kind") != "gen" or run.get("tp", 1) != 1
+                    or run.get("model") not in FAMILY_REAL_SHAPES):
+                continue
+            checks = {k: c for k, c in (run.get("checks") or {}).items() if isinstance(c, dict)}
+            if run.get("ok") and checks:
+                said = "pass, lowest cosine " + ", ".join(
+                    f"{c['min_cosine']:.5f} against {k}" for k, c in sorted(checks.items())
+                    if c.get("min_cosine") is not None)
+            elif run.get("ok"):
+                said = "pass"
+            else:
+                error = (run.get("error") or "failed").splitlines()[0][:160]
+                said = f"**did not pass**: `{error}`"
+            line = (f"- `{run['model']}`, speculators {run['spec']}: {said} "
+                    f"({card.upper()}, vLLM {vllm}, {day}, [`{f.name}`](results/{f.name}))")
+            key = (run["model"], run["spec"])
+            if key not in newest or (day, f.name) > newest[key][0]:
+                newest[key] = ((day, f.name), line)
+    return [line for _, (_, line) in sorted(newest.items())]
+
+
 def render_page(results: Path, digest: str | None) -> str:
     """``docs/architectures.md``."""
     fams = families(results, digest)
@@ -158,6 +198,14 @@ def render_page(results: Path, digest: str | None) -> str:
               "layer module, so a hook on the layer sees nothing). All point to vLLM's own "
               "`extract_hidden_states` (speculators >= 0.5). A config transformers cannot "
               "build (a `model_type` only vLLM registers) is read as JSON for this."]
+    shapes = real_shapes(results)
+    if shapes:
+        lines += ["", "## Real shapes on the GPU", "",
+                  "The same generator on the models' published widths with fewer decoder "
+                  "layers (random weights; [gpu.md](gpu.md#real-shape-models) says how each "
+                  "is built and checked), the newest run of each model and release (the other "
+                  "real-shape models: [support-matrix.md](support-matrix.md#gpu-runs)):", "",
+                  *shapes]
     lines += ["", "Raw records: "
               + ", ".join(f"[`{f.name}`](results/{f.name})"
                           for f in sorted(results.glob("families-*.json"))) + "."]
