@@ -15,9 +15,9 @@ parallelism is refused here, before any worker starts, and so are the models the
 knows it cannot run (:mod:`speculators_compat._model_support`: sliding-window + full
 attention where vLLM's GPU build cannot group them, attention-residual blocks, the
 hyper-connection streams of DeepSeek-V4, MiniMax-M3's layers that vLLM never calls as
-modules; a config transformers cannot build is read as JSON), before any weights load. The capture reads
-both the V1 runner's ``input_batch`` and Model Runner V2's per-step batch; where the
-release has the switch, the generator's construction runs with
+modules; a config transformers cannot build is read as JSON), before any weights
+load. The capture reads both the V1 runner's ``input_batch`` and Model Runner V2's
+per-step batch; where the release has the switch, the generator's construction runs with
 ``VLLM_USE_V2_MODEL_RUNNER=0`` unless the user set it (V1 is the most tested path;
 ``=1`` is honoured), and the variable is restored afterwards (vLLM's own engines in the
 same process are unaffected). vLLM 0.34
