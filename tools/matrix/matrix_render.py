@@ -342,7 +342,9 @@ def _pinned(recs: list[dict[str, Any]], specs: list[str]) -> list[str]:
            "lose or misorder data, see [quickstart](quickstart.md#adapter-kinds)). To show "
            "0.3.0 "
            "works there with nothing from the shim but what the machine needs, the Llama e2e "
-           "runs a second time with `SPECULATORS_COMPAT_DISABLE=safeguard`. speculators "
+           "runs a second time with the safeguards disabled. An adapter that lifts a limit "
+           "of speculators' own code on every vLLM (not an upstream change) is allowed "
+           "there by name, with its reason, and disabled in that second run. speculators "
            "0.4.0.1 accepts 0.12–0.16; upstream changes inside that range that 0.4 does not "
            "handle itself are listed.", ""]
     for r in recs:
@@ -356,12 +358,17 @@ def _pinned(recs: list[dict[str, Any]], specs: list[str]) -> list[str]:
             line = f"- {r['env']} × speculators {spec}: applied {text}"
             if pin.get("strict"):
                 bad = pin.get("upstream_change_applied") or []
+                allowed = pin.get("allowed") or {}
                 line += (f"; **upstream-change adapters applied: {', '.join(bad)}**" if bad
-                         else "; no upstream-change adapter applies")
+                         else "; no upstream-change adapter applies" + (
+                             " but the ones allowed here" if allowed else ""))
+                for n, why in allowed.items():
+                    line += f" (`{n}`: {why})"
                 e = pin.get("e2e_without_safeguards")
                 if e:
                     left = ", ".join(f"`{n}`" for n in e.get("applied_in_driver") or [])
-                    line += (f". With `SPECULATORS_COMPAT_DISABLE=safeguard` (applied: "
+                    off = e.get("disabled") or "safeguard"
+                    line += (f". With `SPECULATORS_COMPAT_DISABLE={off}` (applied: "
                              f"{left or 'nothing'}): Llama e2e {e2e_cell(e)}")
             out.append(line + ".")
     return out
