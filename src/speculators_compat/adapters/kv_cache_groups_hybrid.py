@@ -26,7 +26,11 @@ caches), the engine core gives the scheduler a view of the workers' config with 
 per group (``generate_scheduler_kv_cache_config``); the rebound ``Scheduler`` does the same,
 while the workers get speculators' config unchanged.
 Applies when: vLLM has ``get_kv_cache_groups(vllm_config, kv_cache_spec)`` and
-``is_kv_cache_spec_uniform`` in ``kv_cache_utils`` or ``kv_cache_planning``.
+``is_kv_cache_spec_uniform`` in ``kv_cache_utils`` or ``kv_cache_planning``. That includes
+vLLM 0.11, the release speculators 0.3.0 pins: unlike the other ``upstream-change``
+adapters it answers a limit of speculators' own code rather than a change in vLLM, so it
+acts there too (the support matrix allows it there by name), and for a model whose layers
+share one spec it changes nothing.
 Remove when: speculators 0.3/0.4 support is dropped.
 """
 
