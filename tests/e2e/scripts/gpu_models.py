@@ -514,6 +514,8 @@ def child_gen(p: dict) -> dict:
                                     max_model_len=p["max_model_len"], **kw)
     res["startup_s"] = time.time() - t
     res["generator_layer_ids"] = list(gen.layer_ids)
+    if p.get("additional_config"):  # what the generator's VllmConfig really carries
+        res["additional_config"] = dict(gen.vllm_config.additional_config or {})
     try:
         res["workers"] = gen.executor.collective_rpc(_runner_info)
     except Exception as exc:  # noqa: BLE001 - informational
