@@ -62,6 +62,16 @@ def test_page_shows_results_reasons_and_age(results):
     assert "speculators 0.4.0.1: differs at layer 0" in page
 
 
+def test_a_run_vllm_stopped_before_the_shim_is_not_called_a_failure(tmp_path):
+    _write(tmp_path, "families-cpu-vllm-0.32.0-2026-12-06.json", "sha256:now",
+           [_run("DeepseekV32ForCausalLM", "0.3.0", False,
+                 "could not start: vLLM's CPU build has no sparse attention"),
+            _run("DeepseekV32ForCausalLM", "0.4.0.1", False, "differs at layer 2")])
+    row = matrix_families.render_page(tmp_path, "sha256:now").split(
+        "| `DeepseekV32ForCausalLM` |")[1].split("\n")[0]
+    assert "**fail** 0.4.0.1; could not start 0.3.0 (2026-12-06)" in row
+
+
 def test_doctor_verdict(results, monkeypatch):
     fams = matrix_families.families(results, "sha256:now")
     monkeypatch.setattr(_matrix_proof, "families", lambda: fams)

@@ -171,8 +171,15 @@ def render_page(results: Path, digest: str | None) -> str:
                 text.append("pass " + ", ".join(today))
             if before:
                 text.append("pass " + ", ".join(before) + " (earlier adapter code)")
+            # a run vLLM stopped before any shim code ran is no failure of the shim
+            unstarted = [spec for spec, why in e["failed"].items()
+                         if str(why).startswith("could not start")]
+            failed = [spec for spec in e["failed"] if spec not in unstarted]
+            if failed:
+                text.append("**fail** " + ", ".join(failed))
+            if unstarted:
+                text.append("could not start " + ", ".join(unstarted))
             for spec, why in e["failed"].items():
-                text.append(f"**fail** {spec}")
                 notes.append(f"- {arch}, {'GPU' if level == 'gpu' else 'CPU'} vLLM {vllm}, "
                              f"speculators {spec}: {why}")
             if e.get("flashinfer_standin"):
