@@ -28,6 +28,16 @@ sys.path.insert(0, str(ROOT / "src"))
 TARGET = ROOT / "docs" / "adapters.md"
 
 
+def pinned_exceptions() -> list[str]:
+    """The ``upstream-change`` adapters the support matrix allows on speculators' own pinned
+    vLLM (``tools/matrix/matrix.py``: ``PINNED_ALLOWED``), each with its reason."""
+    sys.path.insert(0, str(ROOT / "tools" / "matrix"))
+    import matrix
+
+    return [f"Exception: `{name}` is declared `upstream-change` but acts on that release "
+            f"too: {why}." for name, why in sorted(matrix.PINNED_ALLOWED.items())] + [""]
+
+
 def render() -> str:
     from speculators_compat._adapter import Stage
     from speculators_compat._report import Kind
@@ -48,6 +58,7 @@ def render() -> str:
         "",
         *[f"- `{k.value}`: {k.description}" for k in Kind],
         "",
+        *pinned_exceptions(),
         "`SPECULATORS_COMPAT_DISABLE` takes adapter names or these kinds (not `scope`).",
         "",
         "Order: where it matters, an adapter declares the adapters it must come after",
