@@ -89,10 +89,18 @@ if [ -n "${GPU_VISIT_MODELS:-}" ]; then
     model_specs=()
     for v in ${GPU_VISIT_MODEL_SPECS//,/ }; do model_specs+=(--spec "$v=/root/spec-$v"); done
   fi
+  # GPU_VISIT_VLLM_CONFIG='{"gdn_prefill_backend": "triton"}' for Qwen3.5 / Qwen3-Next with
+  # this kit (its FlashInfer has no gdn_prefill); GPU_VISIT_MODELS_GPU_MEM for models whose
+  # weights want more than 8 % of the GPU (the hybrid real shapes ran at 0.25)
+  model_extra=()
+  if [ -n "${GPU_VISIT_VLLM_CONFIG:-}" ]; then
+    model_extra=(--vllm-additional-config "$GPU_VISIT_VLLM_CONFIG")
+  fi
   timeout $((deadline - 20)) python3 tests/e2e/scripts/gpu_models.py --out "$res/models" \
       --work /root/gpu-models --site "$site" "${model_specs[@]}" --models "$GPU_VISIT_MODELS" \
       --deadline $((deadline - 40)) --min-start-left 60 --parallel 4 --parallel-natives 2 \
-      --native-gpu-mem 0.15 --native-kv-gib 8 --gpu-mem 0.08 >"$logs/models.log" 2>&1 &
+      --native-gpu-mem 0.15 --native-kv-gib 8 --gpu-mem "${GPU_VISIT_MODELS_GPU_MEM:-0.08}" \
+      "${model_extra[@]}" >"$logs/models.log" 2>&1 &
   pids+=($!)
 fi
 
