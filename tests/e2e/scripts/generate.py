@@ -46,21 +46,12 @@ if __name__ == "__main__":
     from speculators_compat.demo.runner import make_sequences, run_check
 
     if a.vllm_additional_config and not a.no_activate:
-        # speculators builds its VllmConfig itself: give it the option through its module's
-        # name (after activate(), which must precede importing speculators).
+        from generator_config import give_generator_additional_config
+
         import speculators_compat
 
-        speculators_compat.activate()
-        import speculators.data_generation.vllm_hidden_states_generator as gen_module
-
-        extra_config = json.loads(a.vllm_additional_config)
-        vllm_config_cls = gen_module.VllmConfig
-
-        def vllm_config_with_extra(*args, **kw):
-            kw.setdefault("additional_config", extra_config)
-            return vllm_config_cls(*args, **kw)
-
-        gen_module.VllmConfig = vllm_config_with_extra
+        speculators_compat.activate()  # before speculators is imported
+        give_generator_additional_config(json.loads(a.vllm_additional_config))
 
     batches = [make_sequences(int(n), seed=i, min_len=a.min_len, max_len=a.max_len)
                for i, n in enumerate(a.batches.split(","))]

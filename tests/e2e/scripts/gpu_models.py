@@ -489,21 +489,14 @@ def child_gen(p: dict) -> dict:
     res: dict = {"layers": layers, "batches": []}
     res["report"] = {a["name"]: a["status"] for a in
                      speculators_compat.activate().as_dict().get("adapters", [])}
-    import speculators.data_generation.vllm_hidden_states_generator as gen_module
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
     )
 
     if p.get("additional_config"):
-        # speculators builds its VllmConfig itself: hand it the option through its module's
-        # name (as tests/e2e/scripts/generate.py does)
-        vllm_config_cls = gen_module.VllmConfig
+        from generator_config import give_generator_additional_config
 
-        def vllm_config_with_extra(*args, **kw):
-            kw.setdefault("additional_config", p["additional_config"])
-            return vllm_config_cls(*args, **kw)
-
-        gen_module.VllmConfig = vllm_config_with_extra
+        give_generator_additional_config(p["additional_config"])
     t = time.time()
     kw = {"gpu_memory_utilization": p["gpu_mem"]}
     if p["tp"] != 1:
